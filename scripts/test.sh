@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up .venv if needed, then runs the whole test suite (slow end-to-end tests included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+python -m pytest -q "$@"

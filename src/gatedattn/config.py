@@ -1,0 +1,288 @@
+"""Configuration of one attention variant.
+
+``AttentionConfig`` names a variant completely. It is a frozen dataclass made of
+small frozen parts: ``RopeConfig`` (positions), ``MLAConfig`` (latent KV, optional),
+``GateConfig`` (the gates of both papers, optional). Every invalid value or
+combination fails in ``__post_init__`` with a message naming the field and the
+allowed values, so a bad variant never reaches training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatedattn.errors import ConfigError, check_choice
+
+GATE_POSITIONS = ("g1", "g2", "g3", "g4", "g5")
+GATE_POSITION_NAMES = {
+    "g1": "after SDPA, before W_O",
+    "g2": "after the value projection",
+    "g3": "after the key projection",
+    "g4": "after the query projection",
+    "g5": "after the output projection W_O",
+}
+GRANULARITIES = ("elementwise", "headwise")
+ACTIVATIONS = ("sigmoid", "silu", "ns-sigmoid", "identity")
+COMBINES = ("multiply", "add")
+GATE_SOURCES = ("input", "static", "none")
+FUSIONS = ("add", "multiply")
+HEAD_TRANSFORMS = ("none", "rmsnorm", "silu")
+KV_LAYOUTS = ("gqa", "mla")
+KERNELS = ("auto", "sdpa", "flash-lse", "reference")
+ROPE_SCALINGS = ("none", "linear", "ntk", "yarn")
+
+
+def _positive(owner: str, name: str, value: int | float, *, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{owner}.{name}={value!r} must be {bound}")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding.
+
+    ``fraction`` < 1 rotates only the first ``fraction * head_dim`` channels of each
+    head (partial RoPE, as in Qwen3-Next). ``scaling`` stretches the positions for
+    length extrapolation: ``linear`` (position interpolation), ``ntk`` (NTK-aware base
+    change) or ``yarn`` (by-parts interpolation plus attention temperature), each by
+    ``factor`` relative to ``original_max_len``.
+    """
+
+    theta: float = 10000.0
+    fraction: float = 1.0
+    scaling: str = "none"
+    factor: float = 1.0
+    original_max_len: int = 2048
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("RopeConfig", "theta", self.theta)
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ConfigError(f"RopeConfig.fraction={self.fraction!r} must be in [0, 1]")
+        check_choice("RopeConfig", "scaling", self.scaling, ROPE_SCALINGS)
+        if self.factor < 1.0:
+            raise ConfigError(f"RopeConfig.factor={self.factor!r} must be >= 1")
+        _positive("RopeConfig", "original_max_len", self.original_max_len)
+        if self.beta_fast <= self.beta_slow:
+            raise ConfigError(
+                f"RopeConfig.beta_fast={self.beta_fast!r} must be > beta_slow={self.beta_slow!r}"
+            )
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2): keys and values come from a shared
+    low-rank latent of width ``kv_rank``; ``rope_dim`` extra query/key channels carry
+    the (decoupled) rotary position, shared by all heads on the key side. ``q_rank`` > 0
+    also factorises the query projection."""
+
+    kv_rank: int = 128
+    rope_dim: int = 32
+    q_rank: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("MLAConfig", "kv_rank", self.kv_rank)
+        _positive("MLAConfig", "rope_dim", self.rope_dim)
+        if self.rope_dim % 2:
+            raise ConfigError(f"MLAConfig.rope_dim={self.rope_dim!r} must be even")
+        _positive("MLAConfig", "q_rank", self.q_rank, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The gates of Gated Attention (Qiu et al. 2025) and HyGA.
+
+    The *X-gate* computes logits from the layer input ``X`` (``source="input"``) or
+    learns them as constants (``source="static"``); ``rank`` > 0 makes it low-rank,
+    ``SiLU(X W_d) W_u``. It gates the tensor at ``position`` with ``activation``,
+    either multiplicatively (``Y * g``) or additively (``Y + g``). ``granularity``
+    is one score per channel or per head; ``shared`` uses one gate for all heads.
+
+    At ``g1`` two HyGA gates may join: the *H-gate* (``h_dim`` > 0), logits from each
+    head's own SDPA output through a per-head MLP of inner width ``h_dim``, fused with
+    the X-gate logits by ``fusion`` (``add``: act(x + h); ``multiply``: act(x) * act(h));
+    and the *C-gate* (``cross_head``), a headwise sigmoid from all heads' outputs.
+    """
+
+    position: str = "g1"
+    granularity: str = "elementwise"
+    shared: bool = False
+    activation: str = "sigmoid"
+    combine: str = "multiply"
+    source: str = "input"
+    rank: int = 0
+    bias: bool = False
+    h_dim: int = 0
+    fusion: str = "add"
+    cross_head: bool = False
+
+    def __post_init__(self) -> None:
+        owner = "GateConfig"
+        check_choice(owner, "position", self.position, GATE_POSITIONS)
+        check_choice(owner, "granularity", self.granularity, GRANULARITIES)
+        check_choice(owner, "activation", self.activation, ACTIVATIONS)
+        check_choice(owner, "combine", self.combine, COMBINES)
+        check_choice(owner, "source", self.source, GATE_SOURCES)
+        check_choice(owner, "fusion", self.fusion, FUSIONS)
+        _positive(owner, "rank", self.rank, allow_zero=True)
+        _positive(owner, "h_dim", self.h_dim, allow_zero=True)
+        if self.rank and self.source != "input":
+            raise ConfigError(
+                f"GateConfig.rank={self.rank} needs source='input' (a low-rank gate is a "
+                f"function of X), got source={self.source!r}"
+            )
+        if self.position == "g5" and (self.granularity != "elementwise" or self.shared):
+            raise ConfigError(
+                "GateConfig.position='g5' gates the output of W_O, which has no heads: "
+                "it allows granularity='elementwise' and shared=False only"
+            )
+        hyga = self.h_dim > 0 or self.cross_head
+        if hyga and self.position != "g1":
+            raise ConfigError(
+                f"GateConfig.h_dim / cross_head need position='g1' (they gate the SDPA "
+                f"output), got position={self.position!r}"
+            )
+        if self.h_dim and self.shared:
+            raise ConfigError("GateConfig.h_dim > 0 (H-gate, one MLP per head) needs shared=False")
+        if self.source == "none" and not hyga:
+            raise ConfigError(
+                "GateConfig.source='none' leaves no gate: set h_dim > 0 or cross_head=True, "
+                "or choose source 'input' or 'static'"
+            )
+        if self.combine == "add" and (self.h_dim or self.cross_head):
+            raise ConfigError("GateConfig.combine='add' is an X-gate ablation; HyGA gates need 'multiply'")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """One causal self-attention variant.
+
+    Shapes: ``n_heads`` query heads of ``head_dim`` channels; ``n_kv_heads`` key/value
+    heads (GQA; MHA when equal). With ``kv="mla"`` keys and values come from a latent
+    (see ``MLAConfig``). ``qk_norm`` adds Qwen3's per-head RMSNorm on q and k.
+    ``head_transform`` applies a non-gate non-linearity to each head's SDPA output
+    (per-head RMSNorm or parameter-free SiLU, the paper's comparisons). ``sink`` adds a
+    learnable per-head sink logit to the softmax (GPT-OSS). ``kernel`` picks the
+    attention core: ``auto`` (SDPA, or the fused kernel that returns the log-sum-exp
+    when a sink is on), ``sdpa``, ``flash-lse`` or the plain ``reference``.
+    """
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    kv: str = "gqa"
+    mla: MLAConfig | None = None
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    norm_eps: float = 1e-6
+    gate: GateConfig | None = None
+    head_transform: str = "none"
+    sink: bool = False
+    kernel: str = "auto"
+
+    def __post_init__(self) -> None:
+        owner = "AttentionConfig"
+        _positive(owner, "d_model", self.d_model)
+        _positive(owner, "n_heads", self.n_heads)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ConfigError(
+                    f"AttentionConfig.d_model={self.d_model} is not divisible by "
+                    f"n_heads={self.n_heads}; set head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        _positive(owner, "n_kv_heads", self.n_kv_heads)
+        _positive(owner, "head_dim", self.head_dim)
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"AttentionConfig.n_heads={self.n_heads} must be divisible by "
+                f"n_kv_heads={self.n_kv_heads} (each KV head serves a whole group of query heads)"
+            )
+        check_choice(owner, "kv", self.kv, KV_LAYOUTS)
+        check_choice(owner, "head_transform", self.head_transform, HEAD_TRANSFORMS)
+        check_choice(owner, "kernel", self.kernel, KERNELS)
+        _positive(owner, "norm_eps", self.norm_eps)
+        for name, typ in (("rope", RopeConfig), ("gate", GateConfig), ("mla", MLAConfig)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, typ):
+                raise ConfigError(f"AttentionConfig.{name} must be a {typ.__name__}, got {type(value).__name__}")
+        if self.kv == "mla":
+            if self.mla is None:
+                object.__setattr__(self, "mla", MLAConfig())
+            if self.n_kv_heads != self.n_heads:
+                raise ConfigError(
+                    f"AttentionConfig.kv='mla' needs n_kv_heads == n_heads (every head reads "
+                    f"the shared latent), got n_kv_heads={self.n_kv_heads}, n_heads={self.n_heads}"
+                )
+            if self.qk_norm:
+                raise ConfigError("AttentionConfig.qk_norm=True is not defined for kv='mla' (MLA normalises its latent)")
+            if self.rope.fraction != 1.0:
+                raise ConfigError("AttentionConfig.rope.fraction must be 1.0 with kv='mla' (MLA has its own rope_dim)")
+        elif self.mla is not None:
+            raise ConfigError("AttentionConfig.mla is set but kv='gqa'; set kv='mla' or drop mla")
+        rotated = self.head_dim * self.rope.fraction
+        if self.kv == "gqa" and (rotated != int(rotated) or int(rotated) % 2):
+            raise ConfigError(
+                f"AttentionConfig.rope.fraction={self.rope.fraction} rotates "
+                f"{rotated:g} of head_dim={self.head_dim} channels; it must be a whole, even number"
+            )
+        if self.sink and self.kernel == "sdpa":
+            raise ConfigError(
+                "AttentionConfig.sink=True needs the attention log-sum-exp, which kernel='sdpa' "
+                "does not return; choose kernel 'auto', 'flash-lse' or 'reference'"
+            )
+
+    # Derived shapes -------------------------------------------------------------
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def qk_dim(self) -> int:
+        """Channels of each query/key head (MLA adds its decoupled RoPE channels)."""
+        return self.head_dim + (self.mla.rope_dim if self.kv == "mla" else 0)
+
+    @property
+    def v_dim(self) -> int:
+        return self.head_dim
+
+    @property
+    def resolved_kernel(self) -> str:
+        if self.kernel != "auto":
+            return self.kernel
+        return "flash-lse" if self.sink else "sdpa"
+
+    def replace(self, **changes: Any) -> "AttentionConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AttentionConfig":
+        """Inverse of ``to_dict``; unknown keys are an error naming the key."""
+        data = dict(data)
+        parts = {"rope": RopeConfig, "mla": MLAConfig, "gate": GateConfig}
+        for name, typ in parts.items():
+            if isinstance(data.get(name), dict):
+                data[name] = _build(typ, data[name], f"AttentionConfig.{name}")
+        return _build(cls, data, "AttentionConfig")
+
+
+def _build(cls, data: dict[str, Any], owner: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{owner} has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
+    return cls(**data)

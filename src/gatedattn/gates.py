@@ -1,0 +1,191 @@
+"""Gate modules: small pieces that compose into every gate of both papers.
+
+A ``Gate`` scales (or shifts) a tensor ``Y`` of shape (B, T, G, D) -- G heads of D
+channels -- with scores computed from the layer input X (the X-gate), from Y itself
+(HyGA's H-gate, fused with the X-gate logits) and across heads (HyGA's C-gate).
+Every score passes through a ``GateScore`` module, so analysis code can read gate
+activations with forward hooks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gatedattn.config import GateConfig
+
+
+def _uniform_(p: torch.Tensor, fan_in: int) -> torch.Tensor:
+    """nn.Linear's default init for a weight with ``fan_in`` inputs."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return nn.init.uniform_(p, -bound, bound)
+
+
+class GateScore(nn.Module):
+    """Logits -> gate scores. ``ns-sigmoid`` is 0.5 + 0.5 sigmoid, range [0.5, 1]."""
+
+    def __init__(self, activation: str):
+        super().__init__()
+        self.activation = activation
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.activation == "sigmoid":
+            return torch.sigmoid(logits)
+        if self.activation == "silu":
+            return F.silu(logits)
+        if self.activation == "ns-sigmoid":
+            return 0.5 + 0.5 * torch.sigmoid(logits)
+        return logits  # identity
+
+    def extra_repr(self) -> str:
+        return self.activation
+
+
+class PerHeadLinear(nn.Module):
+    """G independent linear maps, one per head: (..., G, n_in) -> (..., G, n_out)."""
+
+    def __init__(self, groups: int, n_in: int, n_out: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(_uniform_(torch.empty(groups, n_in, n_out), n_in))
+        self.bias = nn.Parameter(torch.zeros(groups, n_out)) if bias else None
+
+    def forward(self, x_GI: torch.Tensor) -> torch.Tensor:
+        y = torch.einsum("...gi,gio->...go", x_GI, self.weight.to(x_GI.dtype))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def flops(self, n_tokens: int) -> int:
+        return 2 * self.weight.numel() * n_tokens
+
+
+class XLogits(nn.Module):
+    """X-gate logits (B, T, G, W): ``X W`` (full rank), ``SiLU(X W_d) W_u`` per head
+    (``rank`` > 0), or a learned constant (``static``), shape (1, 1, G, W)."""
+
+    def __init__(self, cfg: GateConfig, d_model: int, groups: int, width: int):
+        super().__init__()
+        self.groups, self.width, self.rank = groups, width, cfg.rank
+        self.static = cfg.source == "static"
+        if self.static:
+            self.logits = nn.Parameter(torch.zeros(groups, width))
+        elif cfg.rank:
+            self.down = nn.Linear(d_model, groups * cfg.rank, bias=False)
+            self.up = PerHeadLinear(groups, cfg.rank, width, bias=cfg.bias)
+        else:
+            self.proj = nn.Linear(d_model, groups * width, bias=cfg.bias)
+
+    def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
+        if self.static:
+            return self.logits[None, None]
+        B, T, _ = x_BTC.shape
+        if self.rank:
+            inner = F.silu(self.down(x_BTC)).view(B, T, self.groups, self.rank)
+            return self.up(inner)
+        return self.proj(x_BTC).view(B, T, self.groups, self.width)
+
+    def flops(self, n_tokens: int) -> int:
+        if self.static:
+            return 0
+        if self.rank:
+            down = 2 * self.down.weight.numel() * n_tokens
+            return down + self.groups * self.rank * n_tokens + self.up.flops(n_tokens)
+        return 2 * self.proj.weight.numel() * n_tokens
+
+
+class HLogits(nn.Module):
+    """HyGA H-gate logits from each head's own output: ``SiLU(H_i W_i^d) W_i^u``."""
+
+    def __init__(self, groups: int, dim: int, inner: int, width: int):
+        super().__init__()
+        self.down = PerHeadLinear(groups, dim, inner)
+        self.up = PerHeadLinear(groups, inner, width)
+
+    def forward(self, y_BTGD: torch.Tensor) -> torch.Tensor:
+        return self.up(F.silu(self.down(y_BTGD)))
+
+    def flops(self, n_tokens: int) -> int:
+        inner = self.down.weight.shape[0] * self.down.weight.shape[2]
+        return self.down.flops(n_tokens) + inner * n_tokens + self.up.flops(n_tokens)
+
+
+class CrossHeadGate(nn.Module):
+    """HyGA C-gate: ``c = concat(H_1..H_G) W_c``; head i is scaled by ``sigmoid(c_i)``."""
+
+    def __init__(self, groups: int, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(groups * dim, groups, bias=False)
+        self.score = GateScore("sigmoid")
+
+    def forward(self, y_BTGD: torch.Tensor) -> torch.Tensor:
+        B, T, G, D = y_BTGD.shape
+        return self.score(self.proj(y_BTGD.reshape(B, T, G * D))).view(B, T, G, 1)
+
+    def flops(self, n_tokens: int) -> int:
+        return (2 * self.proj.weight.numel() + self.proj.out_features) * n_tokens
+
+
+class Gate(nn.Module):
+    """Gates a tensor Y (B, T, G, D) given the layer input X (B, T, d_model).
+
+    ``Y' = combine(Y, act(xlogit [+ hlogit]))`` then ``* sigmoid(c)`` when the C-gate is on;
+    with ``fusion='multiply'`` the X and H scores are separate sigmoids multiplied.
+    """
+
+    def __init__(self, cfg: GateConfig, d_model: int, groups: int, dim: int):
+        super().__init__()
+        self.cfg = cfg
+        self.groups, self.dim = groups, dim
+        width = 1 if cfg.granularity == "headwise" else dim
+        self.x = None if cfg.source == "none" else XLogits(cfg, d_model, 1 if cfg.shared else groups, width)
+        self.h = HLogits(groups, dim, cfg.h_dim, width) if cfg.h_dim else None
+        self.score = GateScore(cfg.activation)
+        separate = cfg.fusion == "multiply" and self.x is not None and self.h is not None
+        self.h_score = GateScore(cfg.activation) if separate else None
+        self.c = CrossHeadGate(groups, dim) if cfg.cross_head else None
+
+    def forward(self, y_BTGD: torch.Tensor, x_BTC: torch.Tensor) -> torch.Tensor:
+        x_logits = self.x(x_BTC) if self.x is not None else None
+        h_logits = self.h(y_BTGD) if self.h is not None else None
+        out = y_BTGD
+        if self.h_score is not None:  # multiplicative fusion: two separate sigmoids
+            scores = self.score(x_logits) * self.h_score(h_logits)
+        elif x_logits is not None or h_logits is not None:
+            logits = sum(t for t in (x_logits, h_logits) if t is not None)
+            scores = self.score(logits)
+        else:
+            scores = None
+        if scores is not None:
+            scores = scores.to(y_BTGD.dtype)
+            out = out * scores if self.cfg.combine == "multiply" else out + scores
+        if self.c is not None:
+            out = out * self.c(y_BTGD).to(out.dtype)
+        return out
+
+    def flops(self, n_tokens: int) -> int:
+        """Forward FLOPs for ``n_tokens`` tokens: logit projections, activations, combine."""
+        width = 1 if self.cfg.granularity == "headwise" else self.dim
+        n_scores = self.groups * width * n_tokens
+        total = n_scores + self.groups * self.dim * n_tokens  # activation + combine
+        for part in (self.x, self.h, self.c):
+            total += part.flops(n_tokens) if part is not None else 0
+        if self.h is not None:
+            total += n_scores  # fusion
+        if self.c is not None:
+            total += self.groups * self.dim * n_tokens
+        return total
+
+
+class HeadTransform(nn.Module):
+    """A non-gate non-linearity on each head's SDPA output: per-head RMSNorm or SiLU."""
+
+    def __init__(self, kind: str, dim: int, eps: float):
+        super().__init__()
+        self.kind = kind
+        self.norm = nn.RMSNorm(dim, eps=eps) if kind == "rmsnorm" else None
+
+    def forward(self, y_BTHD: torch.Tensor) -> torch.Tensor:
+        if self.norm is not None:
+            return self.norm(y_BTHD)
+        return F.silu(y_BTHD) if self.kind == "silu" else y_BTHD

@@ -1,0 +1,56 @@
+"""Reference attention: explicit scores, mask, softmax. The specification of every fast path.
+
+A learnable sink is a key with logit ``b_h`` (the same for every query of head h) and
+value zero: a logit column is concatenated, the softmax taken, the column dropped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def causal_mask(tq: int, tk: int, q_offset: int, device: torch.device) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask, True where query ``q_offset + i`` may see key ``j``."""
+    q_pos = torch.arange(tq, device=device)[:, None] + q_offset
+    k_pos = torch.arange(tk, device=device)[None, :]
+    return k_pos <= q_pos
+
+
+def attention_probs_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    sink: torch.Tensor | None = None,
+    *,
+    q_offset: int = 0,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal attention probabilities (B, H, Tq, Tk) in float32; rows sum to
+    ``1 - p_sink`` when a sink is present. ``q`` is (B, H, Tq, D), ``k`` (B, Hkv, Tk, D)."""
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k = k.repeat_interleave(n_heads // n_kv, dim=1)  # (B, H, Tk, D)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
+    mask = causal_mask(q.shape[2], k.shape[2], q_offset, q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sink is None:
+        return torch.softmax(scores, dim=-1)
+    sink_col = sink.float().view(1, n_heads, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat((scores, sink_col), dim=-1), dim=-1)
+    return probs[..., :-1]  # drop the sink column: its value is zero
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sink: torch.Tensor | None = None,
+    *,
+    q_offset: int = 0,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal attention output (B, H, Tq, Dv); query i sits at position ``q_offset + i``."""
+    probs = attention_probs_reference(q, k, sink, q_offset=q_offset, scale=scale)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)  # (B, H, Tk, Dv)
+    return (probs @ v.float()).to(q.dtype)

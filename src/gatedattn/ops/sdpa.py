@@ -1,0 +1,100 @@
+"""Fast attention cores.
+
+``attention_sdpa`` calls ``F.scaled_dot_product_attention`` (any device, any backend).
+
+``attention_flash_lse`` adds a learnable sink without a T x T matrix (DESIGN.md 2.3):
+a fused kernel returns the output ``o`` and the log-sum-exp ``lse`` of each row; then
+``o_sink = o * sigmoid(lse - b)``. Its backward is the fused kernel's backward run with
+``o_sink`` and ``lse_total = logaddexp(lse, b)`` (the sink is a key whose value is zero),
+and ``dL/db = -sum_rows p_sink * (dO . o_sink)`` with ``p_sink = sigmoid(b - lse)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from gatedattn.ops.reference import attention_reference, causal_mask
+
+
+def attention_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sink: torch.Tensor | None = None,
+    *,
+    q_offset: int = 0,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal attention through ``F.scaled_dot_product_attention``; no sink."""
+    if sink is not None:
+        raise ValueError("attention_sdpa has no sink; use attention_flash_lse")
+    tq, tk = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if q_offset == 0 and tq == tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    # Queries after a cached prefix: the causal diagonal is shifted by q_offset.
+    mask = causal_mask(tq, tk, q_offset, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+class _FlashSinkCPU(torch.autograd.Function):
+    """Causal attention with a per-head sink on the CPU flash kernel (q, k, v: B, H, T, D)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, scale):
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, True, scale=scale
+        )  # o (B, H, T, D) in q's dtype, lse (B, H, T) float32
+        b = sink.float().view(1, -1, 1)
+        keep = torch.sigmoid(lse - b)  # 1 - p_sink, (B, H, T)
+        o_sink = (o.float() * keep[..., None]).to(o.dtype)
+        lse_total = torch.logaddexp(lse, b.expand_as(lse))
+        ctx.save_for_backward(q, k, v, o_sink, lse_total, keep)
+        ctx.scale = scale
+        return o_sink
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        q, k, v, o_sink, lse_total, keep = ctx.saved_tensors
+        grad_o = grad_o.contiguous()
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_o, q, k, v, o_sink, lse_total, 0.0, True, scale=ctx.scale
+        )
+        p_sink = 1.0 - keep  # (B, H, T)
+        d_sink = -(p_sink * (grad_o.float() * o_sink.float()).sum(-1)).sum(dim=(0, 2))  # (H,)
+        return dq, dk, dv, d_sink, None
+
+
+def attention_flash_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sink: torch.Tensor | None = None,
+    *,
+    q_offset: int = 0,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal attention with an optional per-head sink, using a fused kernel that returns
+    the log-sum-exp (CPU). Decoding after a cache prefix and other devices take the
+    reference path (the score matrix of a few query rows is small)."""
+    if sink is None:
+        return attention_sdpa(q, k, v, q_offset=q_offset, scale=scale)
+    if q.device.type != "cpu" or q_offset != 0 or q.shape[2] != k.shape[2]:
+        return attention_reference(q, k, v, sink, q_offset=q_offset, scale=scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    group = q.shape[1] // k.shape[1]
+    if group > 1:  # the fused CPU kernel has no GQA: expand the KV heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    dv = v.shape[-1]
+    if dv != q.shape[-1]:  # the kernel needs equal head sizes (MLA): pad v with zeros
+        v = F.pad(v, (0, q.shape[-1] - dv)) if dv < q.shape[-1] else v
+        if dv > q.shape[-1]:
+            pad = dv - q.shape[-1]
+            q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))
+    dtype = torch.promote_types(q.dtype, torch.promote_types(k.dtype, v.dtype))
+    q, k, v = (t.to(dtype).contiguous() for t in (q, k, v))
+    out = _FlashSinkCPU.apply(q, k, v, sink, scale)
+    return out[..., :dv]

@@ -1,0 +1,84 @@
+"""Rotary position embedding, with partial rotation and scaling for extrapolation.
+
+The rotation uses the "rotate half" channel layout of HuggingFace Llama/Qwen models:
+channel ``j`` pairs with channel ``j + rot/2`` inside the first ``rot`` channels of a
+head; the remaining channels pass through unrotated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gatedattn.config import RopeConfig
+
+
+def rope_frequencies(cfg: RopeConfig, rot_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (rot_dim/2,) and the attention scaling of ``cfg``.
+
+    ``linear`` divides positions by ``factor``; ``ntk`` raises the base to
+    ``theta * factor ** (rot_dim / (rot_dim - 2))``; ``yarn`` interpolates only the
+    low-frequency channels (ramp between ``beta_slow`` and ``beta_fast`` rotations
+    over ``original_max_len``) and scales logits by ``0.1 ln(factor) + 1``.
+    """
+    half = torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim
+    theta = cfg.theta
+    if cfg.scaling == "ntk" and cfg.factor > 1:
+        theta = theta * cfg.factor ** (rot_dim / (rot_dim - 2))
+    inv_freq = 1.0 / (theta**half)
+    mscale = 1.0
+    if cfg.scaling == "linear":
+        inv_freq = inv_freq / cfg.factor
+    elif cfg.scaling == "yarn" and cfg.factor > 1:
+        inv_freq, mscale = _yarn(cfg, rot_dim, inv_freq)
+    return inv_freq.float(), mscale
+
+
+def _yarn(cfg: RopeConfig, rot_dim: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def dim_for(rotations: float) -> float:
+        return rot_dim * math.log(cfg.original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(cfg.theta))
+
+    low = max(math.floor(dim_for(cfg.beta_fast)), 0)
+    high = min(math.ceil(dim_for(cfg.beta_slow)), rot_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1.0 - ramp  # 1: keep the original frequency (high-frequency channels)
+    inv_freq = inv_freq / cfg.factor * (1 - extrapolate) + inv_freq * extrapolate
+    return inv_freq, 0.1 * math.log(cfg.factor) + 1.0
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, mscale: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (..., T, rot_dim) for integer ``positions`` (..., T)."""
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)  # (..., T, rot/2)
+    angles = torch.cat((angles, angles), dim=-1)
+    return (angles.cos() * mscale).to(dtype), (angles.sin() * mscale).to(dtype)
+
+
+def apply_rope(x_BTHD: torch.Tensor, cos_BTR: torch.Tensor, sin_BTR: torch.Tensor) -> torch.Tensor:
+    """Rotate the first R channels of every head of ``x`` (B, T, H, D)."""
+    rot = cos_BTR.shape[-1]
+    if rot == 0:
+        return x_BTHD
+    cos, sin = cos_BTR[..., None, :], sin_BTR[..., None, :]  # broadcast over heads
+    x_rot, x_pass = x_BTHD[..., :rot], x_BTHD[..., rot:]
+    x1, x2 = x_rot[..., : rot // 2], x_rot[..., rot // 2 :]
+    rotated = x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return torch.cat((rotated, x_pass), dim=-1) if x_pass.shape[-1] else rotated
+
+
+class Rotary(torch.nn.Module):
+    """RoPE for ``rot_dim`` channels per head; holds the inverse frequencies as a buffer."""
+
+    def __init__(self, cfg: RopeConfig, rot_dim: int):
+        super().__init__()
+        self.rot_dim = rot_dim
+        inv_freq, mscale = rope_frequencies(cfg, rot_dim) if rot_dim else (torch.zeros(0), 1.0)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.mscale = mscale
+
+    def cos_sin(self, positions_BT: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions_BT, self.inv_freq, self.mscale, dtype)

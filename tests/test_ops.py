@@ -1,0 +1,115 @@
+"""Fast attention cores against the reference, forward and backward (DESIGN.md 2.3)."""
+
+import pytest
+import torch
+
+from gatedattn.ops import attention_flash_lse, attention_reference, attention_sdpa
+from gatedattn.ops.reference import attention_probs_reference
+
+
+def qkv(B=2, H=4, Hkv=2, T=9, D=8, Dv=None, dtype=torch.float32):
+    Dv = Dv or D
+    q = torch.randn(B, H, T, D, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, Hkv, T, D, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, Hkv, T, Dv, dtype=dtype, requires_grad=True)
+    return q, k, v
+
+
+def grads(fn, *inputs):
+    out = fn(*inputs)
+    dout = torch.randn_like(out, generator=torch.Generator().manual_seed(1))
+    g = torch.autograd.grad(out, [t for t in inputs if t is not None and t.requires_grad], dout)
+    return out, g
+
+
+def sink_reference_by_hand(q, k, v, b):
+    """Concatenate a logit column, softmax, drop it -- written independently of ops."""
+    H, Hkv = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(H // Hkv, 1)
+    v = v.repeat_interleave(H // Hkv, 1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    T = q.shape[2]
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    col = b.view(1, H, 1, 1).expand(*s.shape[:3], 1)
+    p = torch.softmax(torch.cat([s, col], -1), -1)[..., :T]
+    return p @ v
+
+
+@pytest.mark.parametrize("Hkv", [4, 2, 1])
+def test_sdpa_matches_reference(Hkv):
+    q, k, v = qkv(Hkv=Hkv)
+    out_f, g_f = grads(attention_sdpa, q, k, v)
+    out_r, g_r = grads(attention_reference, q, k, v)
+    torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_f, g_r):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("Hkv,Dv", [(4, 8), (2, 8), (1, 8), (4, 6), (2, 12)])
+def test_flash_lse_sink_matches_concatenated_column(Hkv, Dv):
+    q, k, v = qkv(Hkv=Hkv, Dv=Dv)
+    b = torch.randn(4, requires_grad=True)
+    out_f, g_f = grads(lambda *a: attention_flash_lse(*a[:3], a[3]), q, k, v, b)
+    out_h, g_h = grads(sink_reference_by_hand, q, k, v, b)
+    out_r, g_r = grads(lambda *a: attention_reference(*a[:3], a[3]), q, k, v, b)
+    for out, g in ((out_f, g_f), (out_r, g_r)):
+        torch.testing.assert_close(out, out_h, atol=1e-5, rtol=1e-5)
+        for a, c in zip(g, g_h):  # dq, dk, dv and d(sink logit)
+            torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_sink_gradient_formula():
+    """dL/db = -sum_rows p_sink * (dO . O_sink), p_sink = sigmoid(b - lse)."""
+    q, k, v = qkv(Hkv=4)
+    b = torch.randn(4, requires_grad=True)
+    out = attention_flash_lse(q, k, v, b)
+    dout = torch.randn_like(out)
+    (db,) = torch.autograd.grad(out, b, dout)
+    s = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p_sink = torch.sigmoid(b.view(1, 4, 1) - lse)
+    expected = -(p_sink * (dout * out).sum(-1)).sum((0, 2))
+    torch.testing.assert_close(db, expected.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_sink_to_minus_infinity_is_no_sink():
+    q, k, v = qkv()
+    b = torch.full((4,), float("-inf"))
+    torch.testing.assert_close(attention_flash_lse(q, k, v, b), attention_sdpa(q, k, v), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(attention_reference(q, k, v, b), attention_reference(q, k, v), atol=1e-6, rtol=1e-6)
+
+
+def test_large_sink_takes_all_mass():
+    q, k, v = qkv()
+    out = attention_flash_lse(q, k, v, torch.full((4,), 1e4))
+    assert out.abs().max() < 1e-6
+    probs = attention_probs_reference(q, k, torch.full((4,), 1e4))
+    assert probs.sum(-1).max() < 1e-6
+
+
+def test_flash_lse_bf16_close_to_fp32():
+    q, k, v = qkv()
+    b = torch.randn(4, requires_grad=True)
+    ref = attention_reference(q, k, v, b)
+    out = attention_flash_lse(q.bfloat16(), k.bfloat16(), v.bfloat16(), b)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+    out.float().sum().backward()
+    assert torch.isfinite(b.grad).all()
+
+
+def test_query_offset_matches_suffix_of_full():
+    q, k, v = qkv(Hkv=2, T=10)
+    full = attention_reference(q, k, v)
+    for fn in (attention_sdpa, attention_reference, attention_flash_lse):
+        part = fn(q[:, :, 6:], k, v, q_offset=6)
+        torch.testing.assert_close(part, full[:, :, 6:], atol=1e-5, rtol=1e-5)
+    b = torch.randn(4)
+    full_s = attention_reference(q, k, v, b)
+    torch.testing.assert_close(attention_flash_lse(q[:, :, 7:], k, v, b, q_offset=7), full_s[:, :, 7:], atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_refuses_sink():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="no sink"):
+        attention_sdpa(q, k, v, torch.zeros(4))
