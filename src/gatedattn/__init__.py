@@ -9,6 +9,7 @@ from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, GateConfig, MLAConfig, RopeConfig
 from gatedattn.cost import Cost, cost
 from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.model import GatedLM, ModelConfig
 from gatedattn.variants import VARIANTS, get_variant
 
 __version__ = "0.1.0"
@@ -20,8 +21,10 @@ __all__ = [
     "Cost",
     "GateConfig",
     "GatedAttnError",
+    "GatedLM",
     "KVCache",
     "MLAConfig",
+    "ModelConfig",
     "RopeConfig",
     "VARIANTS",
     "cost",

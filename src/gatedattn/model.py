@@ -1,0 +1,309 @@
+"""A decoder-only language model in the Qwen3 family shape, with any attention variant.
+
+Token embedding -> n_layers x [x + attn(norm(x)); x + mlp(norm(x))] -> norm -> LM head.
+The attention of every block is ``gatedattn.Attention`` built from one
+``AttentionConfig``; the MLP is SwiGLU. ``GatedLM(ids)`` returns logits (B, T, vocab).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gatedattn.attention import Attention
+from gatedattn.cache import KVCache
+from gatedattn.config import AttentionConfig, RopeConfig
+from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.gates import PerHeadLinear, XLogits
+from gatedattn.io import atomic_save_safetensors, atomic_write_json
+from gatedattn.variants import get_variant
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+MODEL_TYPE = "gatedattn"
+
+# name -> (n_layers, d_model, n_heads, n_kv_heads, ffn_dim)
+SIZE_PRESETS: dict[str, tuple[int, int, int, int, int]] = {
+    "micro": (2, 64, 4, 2, 192),     # unit tests
+    "tiny": (4, 128, 4, 2, 384),     # smoke runs, ~0.8 M non-embedding params
+    "small": (6, 256, 4, 4, 768),    # the CPU reproduction, ~5.1 M non-embedding params
+    "base": (12, 512, 8, 4, 1536),   # a GPU run, ~38 M non-embedding params
+    "medium": (24, 1024, 16, 4, 3072),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A whole model: vocabulary and depth around one ``AttentionConfig``.
+
+    ``variant`` records the preset the attention came from (informational once
+    ``attention`` is set). ``max_seq_len`` is the training context (RoPE scaling for
+    extrapolation is measured relative to it).
+    """
+
+    vocab_size: int
+    n_layers: int
+    attention: AttentionConfig
+    ffn_dim: int
+    variant: str = "custom"
+    max_seq_len: int = 2048
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layers", "ffn_dim", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} must be > 0")
+        if not isinstance(self.attention, AttentionConfig):
+            raise ConfigError(f"ModelConfig.attention must be an AttentionConfig, got {type(self.attention).__name__}")
+        for name in ("bos_token_id", "eos_token_id"):
+            tid = getattr(self, name)
+            if tid is not None and not 0 <= tid < self.vocab_size:
+                raise ConfigError(f"ModelConfig.{name}={tid} must be in [0, vocab_size={self.vocab_size})")
+
+    @property
+    def d_model(self) -> int:
+        return self.attention.d_model
+
+    @classmethod
+    def from_preset(
+        cls,
+        size: str,
+        variant: str = "baseline",
+        *,
+        vocab_size: int,
+        max_seq_len: int = 256,
+        qk_norm: bool = True,
+        rope_theta: float = 10000.0,
+        attention_fields: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> "ModelConfig":
+        """A model of a named size (``micro``, ``tiny``, ``small``, ``base``, ``medium``)
+        with the attention preset ``variant``."""
+        if size not in SIZE_PRESETS:
+            raise ConfigError(f"unknown size preset {size!r}; choose one of {', '.join(SIZE_PRESETS)}")
+        n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[size]
+        attn_fields = {"qk_norm": qk_norm, "rope": RopeConfig(theta=rope_theta, original_max_len=max_seq_len)}
+        attn_fields.update(attention_fields or {})
+        if attn_fields.get("kv") == "mla":
+            attn_fields.pop("qk_norm", None)
+            n_kv = n_heads
+        attention = get_variant(variant)(d_model, n_heads, n_kv, **attn_fields)
+        return cls(vocab_size=vocab_size, n_layers=n_layers, attention=attention, ffn_dim=ffn,
+                   variant=variant, max_seq_len=max_seq_len, **fields)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {"model_type": MODEL_TYPE, "architectures": ["GatedLM"], **d}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        data = {k: v for k, v in data.items() if k not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype")}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"ModelConfig has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
+        if "attention" not in data:
+            raise ConfigError("ModelConfig is missing the field 'attention'")
+        data["attention"] = AttentionConfig.from_dict(data["attention"])
+        return cls(**data)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, ffn_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, ffn_dim, bias=False)
+        self.up_proj = nn.Linear(d_model, ffn_dim, bias=False)
+        self.down_proj = nn.Linear(ffn_dim, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; its output is the residual stream after the layer."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg.attention)
+        self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
+
+    def forward(self, x, positions=None, cache: KVCache | None = None):
+        x = x + self.attn(self.attn_norm(x), positions=positions, cache=cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GatedLM(nn.Module):
+    """Decoder-only LM. ``forward(ids (B, T), positions=None, caches=None) -> logits (B, T, V)``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) for matrices and embeddings, residual-output projections
+        scaled by 1/sqrt(2 n_layers); norms at one; biases, sinks and static gates at zero."""
+        residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding, PerHeadLinear)):
+                std = residual_std if name.endswith(("o_proj", "down_proj")) else self.cfg.init_std
+                nn.init.normal_(module.weight, 0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+            elif isinstance(module, XLogits) and module.static:
+                nn.init.zeros_(module.logits)
+            elif isinstance(module, Attention) and module.sink is not None:
+                nn.init.zeros_(module.sink)
+
+    def new_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.blocks]
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
+                caches: list[KVCache] | None = None) -> torch.Tensor:
+        x = self.embed(ids)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions=positions, cache=caches[i] if caches is not None else None)
+        return self.lm_head(self.norm(x))
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of a (B, T+1) token batch."""
+        logits = self(batch[:, :-1])
+        return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None,
+                 use_cache: bool = True, eos_token_id: int | None = None) -> torch.Tensor:
+        """Sample ``max_new_tokens`` tokens after ``ids`` (B, T). ``temperature`` 0 is greedy.
+        With ``use_cache`` each step runs one token through the KV cache."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        was_training = self.training
+        self.eval()
+        caches = self.new_cache() if use_cache else None
+        out, step_input = ids, ids
+        finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        for _ in range(max_new_tokens):
+            logits = self(step_input if use_cache else out, caches=caches)[:, -1].float()
+            nxt = _sample(logits, temperature, top_k, generator)
+            if eos_token_id is not None:
+                nxt = torch.where(finished, torch.full_like(nxt, eos_token_id), nxt)
+                finished |= nxt == eos_token_id
+            out = torch.cat((out, nxt[:, None]), dim=1)
+            step_input = nxt[:, None]
+            if eos_token_id is not None and finished.all():
+                break
+        self.train(was_training)
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (atomically, no pickle)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict()
+        if self.cfg.tie_embeddings:
+            state.pop("lm_head.weight")
+        atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
+        atomic_write_json(directory / CONFIG_FILE, self.cfg.to_dict())
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "GatedLM":
+        """Load a directory written by ``save_pretrained``. Every tensor must be present
+        with the right shape; anything else is an error naming the tensor."""
+        directory = Path(directory)
+        cfg = load_model_config(directory)
+        model = cls(cfg)
+        state = read_safetensors(directory / WEIGHTS_FILE, map_location)
+        expected = model.state_dict()
+        if cfg.tie_embeddings:
+            expected.pop("lm_head.weight")
+        check_state_dict(state, expected, directory / WEIGHTS_FILE)
+        model.load_state_dict(state, strict=False)
+        return model.to(map_location)
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def load_model_config(directory: Path) -> ModelConfig:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise GatedAttnError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
+    model_type = data.get("model_type")
+    if model_type != MODEL_TYPE:
+        raise GatedAttnError(
+            f"{path} has model_type={model_type!r}, not {MODEL_TYPE!r}; import other architectures with "
+            f"gatedattn.hf.load_model (or `gatedattn convert --from DIR --to DIR`)"
+        )
+    return ModelConfig.from_dict(data)
+
+
+def read_safetensors(path: Path, map_location="cpu") -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file; a missing, truncated or corrupt file is a clear error."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise GatedAttnError(f"{path} is missing")
+    try:
+        return load_file(str(path), device=str(map_location))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise GatedAttnError(f"{path} is truncated or corrupt ({e})") from None
+
+
+def check_state_dict(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: Any) -> None:
+    """Raise naming the first missing, unexpected or mis-shaped tensor."""
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise GatedAttnError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in all)")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise GatedAttnError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise GatedAttnError(
+                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the config needs {tuple(expected[name].shape)}"
+            )

@@ -1,0 +1,84 @@
+"""GatedLM: shapes, checkpoints, generation."""
+
+import json
+
+import pytest
+import torch
+
+from gatedattn import GatedAttnError
+from gatedattn.model import SIZE_PRESETS, GatedLM, ModelConfig
+
+
+def micro(variant="gated", **kw):
+    return GatedLM(ModelConfig.from_preset("micro", variant, vocab_size=97, **kw))
+
+
+@pytest.mark.parametrize("variant", ["baseline", "gated", "hyga-sink", "g5-dense"])
+def test_logits_shape_and_loss(variant):
+    model = micro(variant)
+    ids = torch.randint(0, 97, (2, 12))
+    assert model(ids).shape == (2, 12, 97)
+    loss = model.loss(torch.randint(0, 97, (2, 13)))
+    assert abs(loss.item() - torch.log(torch.tensor(97.0)).item()) < 0.5  # near uniform at init
+    loss.backward()
+
+
+def test_size_presets_build():
+    for size in ("micro", "tiny", "small"):
+        cfg = ModelConfig.from_preset(size, "gated", vocab_size=4096)
+        n_layers, d_model, *_ = SIZE_PRESETS[size]
+        assert (cfg.n_layers, cfg.d_model) == (n_layers, d_model)
+    mla = ModelConfig.from_preset("micro", "hyga", vocab_size=50, attention_fields={"kv": "mla"})
+    GatedLM(mla)(torch.zeros(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_save_load_is_bit_exact(tmp_path, tie):
+    model = micro("hyga-sink", tie_embeddings=tie)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    again = GatedLM.from_pretrained(tmp_path)
+    assert again.cfg == model.cfg
+    ids = torch.randint(0, 97, (2, 9))
+    assert torch.equal(model(ids), again(ids))
+    for (n, a), b in zip(model.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), n
+
+
+def test_cached_generation_equals_uncached():
+    model = micro("hyga-sink")
+    ids = torch.randint(0, 97, (3, 4))
+    a = model.generate(ids, 10, temperature=0)
+    b = model.generate(ids, 10, temperature=0, use_cache=False)
+    assert a.shape == (3, 14) and torch.equal(a, b)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(model.generate(ids, 6, temperature=0.8, top_k=5, generator=g1),
+                       model.generate(ids, 6, temperature=0.8, top_k=5, generator=g2, use_cache=False))
+
+
+def test_corrupt_checkpoints_fail_clearly(tmp_path):
+    model = micro()
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(GatedAttnError, match="truncated or corrupt"):
+        GatedLM.from_pretrained(tmp_path)
+    from safetensors.torch import save_file
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file({k: v for k, v in state.items() if k != "blocks.1.attn.gate.x.proj.weight"}, str(weights))
+    with pytest.raises(GatedAttnError, match="'blocks.1.attn.gate.x.proj.weight' is missing"):
+        GatedLM.from_pretrained(tmp_path)
+    save_file({**state, "blocks.0.mlp.up_proj.weight": torch.zeros(3, 3)}, str(weights))
+    with pytest.raises(GatedAttnError, match=r"'blocks.0.mlp.up_proj.weight' has shape \(3, 3\)"):
+        GatedLM.from_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
+    with pytest.raises(GatedAttnError, match="model_type='mamba'"):
+        GatedLM.from_pretrained(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(GatedAttnError, match="config.json is missing"):
+        GatedLM.from_pretrained(tmp_path)
