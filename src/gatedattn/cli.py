@@ -15,6 +15,7 @@ from gatedattn.errors import GatedAttnError
 
 SUBCOMMAND_MODULES = (
     "gatedattn.variants",
+    "gatedattn.data.cli",
 )
 
 
