@@ -20,6 +20,7 @@ from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig
 from gatedattn.core import AttentionCore
 from gatedattn.gates import Gate, HeadTransform
+from gatedattn.norm import RMSNorm
 from gatedattn.rope import Rotary, apply_rope
 
 # index into (q, k, v) of the tensor that a projection-side gate scales
@@ -61,12 +62,12 @@ class MLAProjection(nn.Module):
         m, H = cfg.mla, cfg.n_heads
         if m.q_rank:
             self.q_a_proj = nn.Linear(cfg.d_model, m.q_rank, bias=False)
-            self.q_a_norm = nn.RMSNorm(m.q_rank, eps=cfg.norm_eps)
+            self.q_a_norm = RMSNorm(m.q_rank, eps=cfg.norm_eps)
             self.q_b_proj = nn.Linear(m.q_rank, H * cfg.qk_dim, bias=False)
         else:
             self.q_proj = nn.Linear(cfg.d_model, H * cfg.qk_dim, bias=False)
         self.kv_a_proj = nn.Linear(cfg.d_model, m.kv_rank + m.rope_dim, bias=False)
-        self.kv_a_norm = nn.RMSNorm(m.kv_rank, eps=cfg.norm_eps)
+        self.kv_a_norm = RMSNorm(m.kv_rank, eps=cfg.norm_eps)
         self.kv_b_proj = nn.Linear(m.kv_rank, H * (cfg.head_dim + cfg.v_dim), bias=False)
 
     def forward(self, x_BTC: torch.Tensor):
@@ -98,10 +99,10 @@ class Attention(nn.Module):
         self.cfg = cfg
         H, Hkv = cfg.n_heads, cfg.n_kv_heads
         self.qkv = MLAProjection(cfg) if cfg.kv == "mla" else GQAProjection(cfg)
-        self.o_proj = nn.Linear(H * cfg.v_dim, cfg.d_model, bias=False)
+        self.o_proj = nn.Linear(H * cfg.v_dim, cfg.d_model, bias=cfg.o_bias)
         if cfg.qk_norm:
-            self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
-            self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+            self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
         else:
             self.q_norm = self.k_norm = None
         rot_dim = cfg.mla.rope_dim if cfg.kv == "mla" else int(cfg.head_dim * cfg.rope.fraction)

@@ -165,6 +165,8 @@ class AttentionConfig:
     Shapes: ``n_heads`` query heads of ``head_dim`` channels; ``n_kv_heads`` key/value
     heads (GQA; MHA when equal). With ``kv="mla"`` keys and values come from a latent
     (see ``MLAConfig``). ``qk_norm`` adds Qwen3's per-head RMSNorm on q and k.
+    ``qkv_bias`` puts a bias on the q/k/v projections (Qwen2), ``o_bias`` one on the
+    output projection (GPT-OSS, Llama/Qwen3 with ``attention_bias``).
     ``head_transform`` applies a non-gate non-linearity to each head's SDPA output
     (per-head RMSNorm or parameter-free SiLU, the paper's comparisons). ``sink`` adds a
     learnable per-head sink logit to the softmax (GPT-OSS). ``kernel`` picks the
@@ -181,6 +183,7 @@ class AttentionConfig:
     rope: RopeConfig = field(default_factory=RopeConfig)
     qk_norm: bool = False
     qkv_bias: bool = False
+    o_bias: bool = False
     norm_eps: float = 1e-6
     gate: GateConfig | None = None
     head_transform: str = "none"

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gatedattn.config import GateConfig
+from gatedattn.norm import RMSNorm
 
 
 def _uniform_(p: torch.Tensor, fan_in: int) -> torch.Tensor:
@@ -183,7 +184,7 @@ class HeadTransform(nn.Module):
     def __init__(self, kind: str, dim: int, eps: float):
         super().__init__()
         self.kind = kind
-        self.norm = nn.RMSNorm(dim, eps=eps) if kind == "rmsnorm" else None
+        self.norm = RMSNorm(dim, eps=eps) if kind == "rmsnorm" else None
 
     def forward(self, y_BTHD: torch.Tensor) -> torch.Tensor:
         if self.norm is not None:

@@ -24,6 +24,7 @@ from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.errors import ConfigError, GatedAttnError
 from gatedattn.gates import PerHeadLinear, XLogits
 from gatedattn.io import atomic_save_safetensors, atomic_write_json
+from gatedattn.norm import RMSNorm
 from gatedattn.variants import get_variant
 
 CONFIG_FILE = "config.json"
@@ -139,9 +140,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg.attention)
-        self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
 
     def forward(self, x, positions=None, cache: KVCache | None = None):
@@ -157,7 +158,7 @@ class GatedLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -24,7 +24,7 @@ def rope_frequencies(cfg: RopeConfig, rot_dim: int) -> tuple[torch.Tensor, float
     """
     half = torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim
     theta = cfg.theta
-    if cfg.scaling == "ntk" and cfg.factor > 1:
+    if cfg.scaling == "ntk" and cfg.factor > 1 and rot_dim > 2:
         theta = theta * cfg.factor ** (rot_dim / (rot_dim - 2))
     inv_freq = 1.0 / (theta**half)
     mscale = 1.0

@@ -20,8 +20,25 @@ from gatedattn.analysis.metrics import (
     sink_fraction_per_layer,
     sink_scores,
 )
+from gatedattn.analysis.analyze import (  # noqa: E402  (after the metrics it uses)
+    analyze,
+    extrapolate,
+    extrapolation_curves,
+    format_analysis,
+    format_extrapolation,
+    load_any,
+)
+from gatedattn.analysis.probe import Probe, hooked  # noqa: E402
 
 __all__ = [
+    "Probe",
+    "analyze",
+    "extrapolate",
+    "extrapolation_curves",
+    "format_analysis",
+    "format_extrapolation",
+    "hooked",
+    "load_any",
     "AttentionStats",
     "GateStats",
     "GateSummary",

@@ -1,0 +1,246 @@
+"""``gatedattn analyze`` and ``gatedattn extrapolate``.
+
+    gatedattn analyze --model DIR [--data DATA_DIR] [--seq-len N] [--batches K]
+                      [--batch-size B] [--layers 2,3] [--eps 0.3] [--device D]
+                      [--json] [--out FILE] [--plots DIR]
+    gatedattn extrapolate --model DIR [--data DATA_DIR] [--train-len N]
+                      [--multiples 1,2,4,8] [--methods plain,ntk,yarn] [--tokens N]
+                      [--batch-size B] [--device D] [--json] [--out FILE] [--plot FILE]
+
+``--model`` is any checkpoint the project loads (our format, or HF / official layouts
+through ``gatedattn.hf``). ``--data`` is a directory written by ``gatedattn data prepare``
+whose tokenizer matches the model; it may be left out for a model that ``gatedattn train``
+wrote (``RUN/final`` or ``RUN/checkpoints/step_N``): the data directory recorded in the
+run (``train.data_dir`` of the model's ``checkpoint.json`` or of ``RUN/config.json``) is
+used. Validation windows are the data's fixed ``val_batches``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gatedattn.errors import GatedAttnError
+
+CHECKPOINT_INFO = "checkpoint.json"  # gatedattn.train.checkpoint.INFO_FILE
+RUN_CONFIG = "config.json"  # gatedattn.train.rundir.CONFIG, in the run directory
+MAX_DEFAULT_SEQ_LEN = 2048  # analyze materialises B*H*T*T probabilities per layer
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _number_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return [int(v) if v == int(v) else v for v in values]
+
+
+def _word_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one name")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise GatedAttnError(f"bad --device {name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise GatedAttnError(f"--device {name!r}: CUDA is not available on this machine")
+    return device
+
+
+def _recorded_data_dir(model_dir: Path) -> tuple[Path | None, list[Path]]:
+    """The data directory a training run recorded for ``model_dir``, and the files looked at.
+
+    A trainer's checkpoint (``RUN/checkpoints/step_N/``) or final model (``RUN/final/``)
+    has the run identity -- a JSON object whose ``train`` object holds ``data_dir`` -- in
+    its own ``checkpoint.json`` or in the run directory's ``config.json``.
+    """
+    candidates = [model_dir / CHECKPOINT_INFO, model_dir.parent / RUN_CONFIG, model_dir.parent.parent / RUN_CONFIG]
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            continue
+        train = record.get("train") if isinstance(record, dict) else None
+        entry = train.get("data_dir") if isinstance(train, dict) else None
+        if isinstance(entry, str) and entry:
+            return Path(entry), candidates
+    return None, candidates
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    if args.data is not None:
+        return Path(args.data)
+    found, looked = _recorded_data_dir(Path(args.model).resolve())
+    if found is None:
+        raise GatedAttnError(
+            f"--data is required: no training run record ({', '.join(str(p) for p in looked)}) names a data_dir"
+        )
+    if not found.is_dir():
+        raise GatedAttnError(f"the training run used data directory {found}, which is not there; pass --data")
+    return found
+
+
+def _load(args: argparse.Namespace):
+    from gatedattn.analysis.analyze import load_any
+    from gatedattn.data import TokenData
+
+    device = _device(args.device)
+    if not Path(args.model).is_dir():
+        raise GatedAttnError(f"model directory not found: {args.model}")
+    data = TokenData(_data_dir(args))  # before the (possibly large) model: fail fast
+    model = load_any(args.model, device=device)
+    vocab = getattr(model.cfg, "vocab_size", None)
+    if vocab is not None and data.vocab_size > vocab:
+        raise GatedAttnError(
+            f"the data's tokenizer has {data.vocab_size} tokens but the model's vocabulary has {vocab}; "
+            f"prepare the data with the model's tokenizer (gatedattn data prepare --tokenizer ...)"
+        )
+    return model, data
+
+
+def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
+    if args.out is not None:
+        from gatedattn.io import atomic_write_json
+
+        atomic_write_json(args.out, result)
+    print(json.dumps(result) if args.json else text)
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    from gatedattn.analysis.analyze import analyze, format_analysis
+
+    model, data = _load(args)
+    seq_len = args.seq_len or min(model.cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
+    batches = data.val_batches(seq_len=seq_len, batch_size=args.batch_size, max_batches=args.batches)
+    result = analyze(model, batches, layers_for_maps=args.layers, eps=args.eps)
+    result["model"] = str(args.model)
+    result["data"] = str(data.data_dir)
+    if args.plots is not None:
+        result["plots"] = [str(p) for p in _analysis_plots(result, Path(args.plots))]
+    _emit(args, result, format_analysis(result))
+    return 0
+
+
+def _analysis_plots(r: dict[str, Any], out: Path) -> list[Path]:
+    import numpy as np
+
+    from gatedattn.analysis import plots
+
+    name = r["variant"]
+    paths = [
+        plots.plot_per_layer({name: r["f_attn_per_layer"]}, out / "f_attn_per_layer.png",
+                             ylabel="F-Attn", title="Attention on the first token"),
+        plots.plot_per_layer({name: r["m_act_per_layer"]}, out / "m_act_per_layer.png",
+                             ylabel="max |h|", title="Massive activation", log=True),
+    ]
+    if r["attention_maps"]:
+        maps = {f"layer {i}": np.asarray(m, dtype=np.float64) for i, m in r["attention_maps"].items()}
+        paths.append(plots.plot_attention_maps(maps, out / "attention_maps.png",
+                                               title=f"{name}: head-averaged attention, first sequence"))
+    if r["gate_histogram"] is not None:
+        h = r["gate_histogram"]
+        paths.append(plots.plot_gate_histograms({name: (h["edges"], h["counts"])}, out / "gate_histogram.png"))
+    return paths
+
+
+def _run_extrapolate(args: argparse.Namespace) -> int:
+    from gatedattn.analysis.analyze import extrapolate, extrapolation_curves, format_extrapolation
+
+    model, data = _load(args)
+    result = extrapolate(model, data, train_len=args.train_len, multiples=args.multiples, methods=args.methods,
+                         tokens=args.tokens, batch_size=args.batch_size)
+    result["model"] = str(args.model)
+    result["data"] = str(data.data_dir)
+    if args.plot is not None:
+        from gatedattn.analysis import plots
+
+        path = plots.plot_extrapolation({result["variant"]: extrapolation_curves(result)}, args.plot,
+                                        result["train_len"])
+        result["plot"] = str(path)
+    _emit(args, result, format_extrapolation(result))
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="checkpoint directory (gatedattn format, or HF/official layouts via gatedattn.hf)")
+    p.add_argument("--data", default=None, metavar="DATA_DIR",
+                   help="prepared data directory (default: the one recorded by the training run that wrote --model)")
+    p.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result to FILE")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "analyze",
+        help="measure a checkpoint: F-Attn, attention sinks, massive activations, gate scores, val loss",
+        description="Run a checkpoint over validation windows with hooks attached and report "
+                    "F-Attn, Sink^eps, M-Act, gate score statistics and validation loss (DESIGN.md section 3).",
+    )
+    _common(p)
+    p.add_argument("--seq-len", type=_positive_int, default=None,
+                   help=f"window length (default: the model's max_seq_len, at most {MAX_DEFAULT_SEQ_LEN})")
+    p.add_argument("--batches", type=_positive_int, default=8, help="number of validation batches (default 8)")
+    p.add_argument("--batch-size", type=_positive_int, default=4, help="windows per batch (default 4)")
+    p.add_argument("--layers", type=_int_list, default=None,
+                   help="layers whose attention map is returned, e.g. 0,3 (default: first, middle, last)")
+    p.add_argument("--eps", type=float, default=0.3, help="sink threshold for Sink^eps (default 0.3)")
+    p.add_argument("--plots", default=None, metavar="DIR",
+                   help="also write per-layer, attention-map and gate-histogram PNGs to DIR")
+    p.set_defaults(func=_run_analyze)
+
+    p = subparsers.add_parser(
+        "extrapolate",
+        help="validation loss at multiples of the training length, plain RoPE vs NTK / YaRN",
+        description="Validation loss at multiples of the training context with plain RoPE and with "
+                    "RoPE scaling (factor = multiple, original length = training length).",
+    )
+    _common(p)
+    p.add_argument("--train-len", type=_positive_int, default=None,
+                   help="training context (default: the model's max_seq_len)")
+    p.add_argument("--multiples", type=_number_list, default=[1, 2, 4, 8],
+                   help="lengths as multiples of --train-len (default 1,2,4,8)")
+    p.add_argument("--methods", type=_word_list, default=["plain", "ntk", "yarn"],
+                   help="RoPE methods: plain, linear, ntk, yarn (default plain,ntk,yarn)")
+    p.add_argument("--tokens", type=_positive_int, default=None,
+                   help="tokens evaluated at every length (default: --batch-size windows of the longest length)")
+    p.add_argument("--batch-size", type=_positive_int, default=4,
+                   help="windows per forward pass at the longest length (default 4)")
+    p.add_argument("--plot", default=None, metavar="FILE", help="also write a loss-vs-length PNG to FILE")
+    p.set_defaults(func=_run_extrapolate)
