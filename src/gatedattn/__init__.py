@@ -14,6 +14,10 @@ from gatedattn.variants import VARIANTS, get_variant
 
 __version__ = "0.1.0"
 
+from gatedattn.hf.hook import register_when_imported as _register_when_imported
+
+_register_when_imported()  # AutoModelForCausalLM reads "gatedattn" directories once transformers loads
+
 __all__ = [
     "Attention",
     "AttentionConfig",

@@ -1,0 +1,47 @@
+"""HuggingFace interoperability: import, export, Auto classes, gate retrofit.
+
+* ``load_model(dir)`` -- a ``GatedLM`` from our format, a stock Qwen3 / Llama / Qwen2
+  ``*ForCausalLM`` directory or an official gated-attention (Qwen3) checkpoint;
+* ``attention_from_qwen3_next(layer, config)`` / ``attention_from_gpt_oss(layer, config)``
+  -- one transformers attention layer as an equivalent ``gatedattn.Attention``;
+* ``export_hf(model, dir)`` -- a ``baseline`` model as a stock Qwen3 / Llama / Qwen2
+  directory;
+* ``register_auto()`` -- make ``AutoConfig`` / ``AutoModelForCausalLM`` load
+  directories written by ``GatedLM.save_pretrained`` (``model_type: gatedattn``);
+* ``add_gates(model, variant, init="identity")`` -- retrofit a gate into a loaded model.
+
+Importing this package is cheap: transformers is imported only by the functions that
+need it (importing it costs seconds).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "load_model": "gatedattn.hf.load",
+    "load_config": "gatedattn.hf.load",
+    "IMPORTERS": "gatedattn.hf.load",
+    "export_hf": "gatedattn.hf.export",
+    "hf_config_for": "gatedattn.hf.export",
+    "attention_from_qwen3_next": "gatedattn.hf.layers",
+    "attention_from_gpt_oss": "gatedattn.hf.layers",
+    "add_gates": "gatedattn.hf.retrofit",
+    "register_auto": "gatedattn.hf.auto",
+    "GatedAttnHFConfig": "gatedattn.hf.auto",
+    "GatedAttnForCausalLM": "gatedattn.hf.auto",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gatedattn.hf' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,172 @@
+"""transformers Auto classes for gatedattn's own checkpoint format.
+
+After ``register_auto()``, ``AutoConfig.from_pretrained(dir)`` and
+``AutoModelForCausalLM.from_pretrained(dir)`` work on a directory written by
+``GatedLM.save_pretrained`` (``"model_type": "gatedattn"``), for every attention
+variant, and ``.generate()`` works on the result.
+
+``GatedAttnForCausalLM`` is a ``PreTrainedModel`` + ``GenerationMixin`` holding a
+``GatedLM`` as ``self.model``. Loading goes through ``GatedLM.from_pretrained`` (so a
+missing or mis-shaped tensor is an error, never a randomly initialised one), saving
+through ``GatedLM.save_pretrained`` (the directory stays in gatedattn format).
+Generation uses transformers' ``DynamicCache``: each layer's keys and values go
+through a small adapter that gives it the ``KVCache`` interface ``Attention`` expects.
+Padded batches (an ``attention_mask`` with zeros) are refused.
+
+This module imports transformers (seconds); ``gatedattn.hf`` imports it on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from gatedattn.errors import GatedAttnError
+from gatedattn.model import MODEL_TYPE, GatedLM, ModelConfig
+
+# from_pretrained arguments that do not change what a local gatedattn directory loads as
+_IGNORED_LOAD_ARGS = frozenset({
+    "_from_auto", "_from_pipeline", "_commit_hash", "trust_remote_code", "attn_implementation",
+    "low_cpu_mem_usage", "use_safetensors", "local_files_only", "cache_dir", "revision", "token",
+    "force_download", "proxies", "code_revision", "adapter_kwargs",
+})
+
+
+class GatedAttnHFConfig(PreTrainedConfig):
+    """``ModelConfig`` as a transformers config; ``attention`` is the AttentionConfig dict."""
+
+    model_type = MODEL_TYPE
+    attribute_map = {"num_hidden_layers": "n_layers"}
+
+    vocab_size: int | None = None
+    n_layers: int | None = None
+    attention: dict | None = None
+    ffn_dim: int | None = None
+    variant: str = "custom"
+    max_seq_len: int = 2048
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig) -> "GatedAttnHFConfig":
+        data = dataclasses.asdict(cfg)
+        return cls(**data, architectures=["GatedLM"])
+
+    def to_model_config(self) -> ModelConfig:
+        names = [f.name for f in dataclasses.fields(ModelConfig)]
+        return ModelConfig.from_dict({name: getattr(self, name) for name in names})
+
+
+class _LayerCache:
+    """One layer of a transformers ``Cache`` with the ``KVCache`` interface."""
+
+    def __init__(self, cache: Cache, layer_idx: int):
+        self.cache, self.layer_idx = cache, layer_idx
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length(self.layer_idx)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.update(k, v, self.layer_idx)
+
+
+class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
+    """A ``GatedLM`` (``self.model``) behind the transformers model interface."""
+
+    config_class = GatedAttnHFConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+    _supports_sdpa = True
+
+    def __init__(self, config: GatedAttnHFConfig, model: GatedLM | None = None):
+        super().__init__(config)
+        self.model = model if model is not None else GatedLM(config.to_model_config())
+        self.post_init()
+
+    def _init_weights(self, module) -> None:  # GatedLM initialises itself
+        pass
+
+    def get_input_embeddings(self):
+        return self.model.embed
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    # ------------------------------------------------------------------ checkpoints
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, dtype=None,
+                        torch_dtype=None, device_map=None, subfolder: str = "", **kwargs):
+        """Load a local gatedattn directory (strictly, through ``GatedLM.from_pretrained``)."""
+        if model_args:
+            raise GatedAttnError("GatedAttnForCausalLM.from_pretrained takes no extra positional arguments")
+        unknown = sorted(set(kwargs) - _IGNORED_LOAD_ARGS)
+        if unknown:
+            raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: argument {unknown[0]!r} is not supported")
+        path = Path(pretrained_model_name_or_path) / subfolder
+        if not path.is_dir():
+            raise GatedAttnError(f"{path} is not a local directory; gatedattn models load from local directories")
+        lm = GatedLM.from_pretrained(path)
+        if isinstance(config, GatedAttnHFConfig) and config.to_model_config() != lm.cfg:
+            raise GatedAttnError(f"{path}: the config passed to from_pretrained differs from the saved config.json")
+        dtype = dtype if dtype is not None else torch_dtype
+        if isinstance(dtype, str) and dtype != "auto":
+            dtype = getattr(torch, dtype)
+        if dtype is not None and dtype != "auto":
+            lm = lm.to(dtype)
+        if device_map is not None:
+            if isinstance(device_map, dict):
+                raise GatedAttnError("GatedAttnForCausalLM.from_pretrained: a device_map dict is not supported; "
+                                     "pass one device")
+            if device_map == "auto":
+                device_map = "cuda" if torch.cuda.is_available() else "cpu"
+            lm = lm.to(device_map)
+        model = cls(GatedAttnHFConfig.from_model_config(lm.cfg), model=lm)
+        model.eval()
+        return model
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """Write gatedattn's format (``config.json`` + ``model.safetensors``)."""
+        self.model.save_pretrained(save_directory)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Cache | None = None,
+                past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, use_cache: bool | None = None,
+                logits_to_keep: int = 0, return_dict: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
+        if inputs_embeds is not None or input_ids is None:
+            raise GatedAttnError("GatedAttnForCausalLM needs input_ids (inputs_embeds are not supported)")
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.bool().all()):
+            raise GatedAttnError("GatedAttnForCausalLM does not support padding (attention_mask has zeros); "
+                                 "generate one sequence, or equal-length sequences, at a time")
+        cache = cache if cache is not None else past_key_values
+        if cache is None and use_cache:
+            cache = DynamicCache()
+        caches = [_LayerCache(cache, i) for i in range(len(self.model.blocks))] if cache is not None else None
+        logits = self.model(input_ids, positions=position_ids, caches=caches)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+
+
+def register_auto() -> None:
+    """Register ``model_type: gatedattn`` with ``AutoConfig`` and ``AutoModelForCausalLM``
+    (idempotent)."""
+    AutoConfig.register(MODEL_TYPE, GatedAttnHFConfig, exist_ok=True)
+    AutoModelForCausalLM.register(GatedAttnHFConfig, GatedAttnForCausalLM, exist_ok=True)

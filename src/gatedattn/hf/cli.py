@@ -1,0 +1,189 @@
+"""``gatedattn generate`` and ``gatedattn convert``.
+
+``generate`` samples text from any importable model directory with the KV cache;
+``convert`` imports a directory (any supported format), optionally retrofits a gate,
+and writes gatedattn's format or a stock transformers checkpoint, atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from gatedattn.errors import GatedAttnError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# --------------------------------------------------------------------------- generate
+def _load_tokenizer(path: Path):
+    from tokenizers import Tokenizer
+
+    if not path.is_file():
+        raise GatedAttnError(f"tokenizer {path} is missing; pass --tokenizer PATH/tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises plain Exceptions
+        raise GatedAttnError(f"{path} is not a tokenizers JSON file ({e})") from None
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise GatedAttnError(f"--device {name!r} is not a device ({e})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise GatedAttnError("--device cuda: no CUDA device is available")
+    return device
+
+
+def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
+                  top_k: int | None = None, seed: int = 0, tokenizer: str | Path | None = None,
+                  device: str = "cpu") -> str:
+    """Prompt plus continuation, decoded. BOS is prepended when the model config has one."""
+    from gatedattn.hf.load import load_model
+
+    if max_new_tokens < 0:
+        raise GatedAttnError(f"--max-new-tokens {max_new_tokens} must be >= 0")
+    if temperature < 0:
+        raise GatedAttnError(f"--temperature {temperature} must be >= 0 (0 is greedy)")
+    if top_k is not None and top_k < 1:
+        raise GatedAttnError(f"--top-k {top_k} must be >= 1")
+    model_dir = Path(model_dir)
+    tok = _load_tokenizer(Path(tokenizer) if tokenizer else model_dir / "tokenizer.json")
+    dev = _device(device)
+    model = load_model(model_dir, device=dev)
+    cfg = model.cfg
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    if cfg.bos_token_id is not None:
+        ids = [cfg.bos_token_id] + ids
+    if not ids:
+        raise GatedAttnError("the prompt is empty and the model has no bos_token_id to start from")
+    bad = [i for i in ids if i >= cfg.vocab_size]
+    if bad:
+        raise GatedAttnError(f"the tokenizer produced id {bad[0]} but the model's vocab_size is {cfg.vocab_size}; "
+                             f"wrong tokenizer?")
+    generator = torch.Generator(device=dev).manual_seed(seed)
+    out = model.generate(torch.tensor([ids], device=dev), max_new_tokens, temperature=temperature, top_k=top_k,
+                         generator=generator, use_cache=True, eos_token_id=cfg.eos_token_id)
+    start = 1 if cfg.bos_token_id is not None else 0
+    return tok.decode(out[0, start:].tolist(), skip_special_tokens=True)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    print(generate_text(args.model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer, device=args.device))
+    return 0
+
+
+# --------------------------------------------------------------------------- convert
+def _is_nonempty(path: Path) -> bool:
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, init: str = "identity",
+            fmt: str = "gatedattn", force: bool = False, dtype: str = "float32", seed: int = 0) -> Path:
+    """Import ``src``, optionally add the gate of ``variant``, write ``dst`` atomically
+    (a temporary directory beside it, renamed into place). Tokenizer files are copied."""
+    from gatedattn.hf.export import export_hf, hf_config_for
+    from gatedattn.hf.load import load_model
+    from gatedattn.hf.retrofit import add_gates
+
+    src, dst = Path(src), Path(dst)
+    if fmt not in ("gatedattn", "hf"):
+        raise GatedAttnError(f"--format {fmt!r} is not allowed; choose gatedattn or hf")
+    if dtype not in DTYPES:
+        raise GatedAttnError(f"--dtype {dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
+    if dst.exists() and src.exists() and dst.resolve() == src.resolve():
+        raise GatedAttnError(f"--to {dst} is the --from directory; write somewhere else")
+    if _is_nonempty(dst) and not force:
+        raise GatedAttnError(f"--to {dst} exists and is not empty; pass --force to replace it")
+    if dst.exists() and not dst.is_dir():
+        raise GatedAttnError(f"--to {dst} exists and is not a directory")
+    model = load_model(src)
+    if variant is not None:
+        torch.manual_seed(seed)
+        add_gates(model, variant, init)
+    model = model.to(DTYPES[dtype])
+    if fmt == "hf":
+        hf_config_for(model.cfg)  # refuses (before writing anything) a model stock transformers cannot express
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp"))
+    try:
+        if fmt == "hf":
+            export_hf(model, tmp)
+        else:
+            model.save_pretrained(tmp)
+        extra = TOKENIZER_FILES + (("generation_config.json",) if fmt == "hf" else ())
+        for name in extra:
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
+        _replace_dir(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
+
+
+def _replace_dir(new: Path, dst: Path) -> None:
+    """Rename ``new`` to ``dst``; an existing ``dst`` is moved aside first and removed after."""
+    if not dst.exists():
+        os.replace(new, dst)
+        return
+    old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".old"))
+    os.replace(dst, old / "dir")
+    try:
+        os.replace(new, dst)
+    except BaseException:
+        os.replace(old / "dir", dst)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    if args.init is not None and args.variant is None:
+        raise GatedAttnError("--init needs --variant (it initialises the added gate)")
+    dst = convert(args.from_dir, args.to, variant=args.variant, init=args.init or "identity", fmt=args.format,
+                  force=args.force, dtype=args.dtype, seed=args.seed)
+    print(f"wrote {dst} ({args.format} format)")
+    return 0
+
+
+# --------------------------------------------------------------------------- registration
+def register(sub) -> None:
+    g = sub.add_parser("generate", help="sample text from a model directory (gatedattn or HF format), KV-cached",
+                       description="Sample a continuation of --prompt. The tokenizer is DIR/tokenizer.json unless "
+                                   "--tokenizer is given; BOS is prepended when the model config has one.")
+    g.add_argument("--model", required=True, metavar="DIR", help="gatedattn or importable HF model directory")
+    g.add_argument("--prompt", required=True, metavar="TEXT")
+    g.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    g.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 is greedy (default 0.8)")
+    g.add_argument("--top-k", type=int, default=None, metavar="K")
+    g.add_argument("--seed", type=int, default=0, metavar="S")
+    g.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json (default DIR/tokenizer.json)")
+    g.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    g.set_defaults(func=_generate)
+
+    c = sub.add_parser("convert", help="import a model directory, optionally add a gate, save it (atomically)",
+                       description="Import --from (gatedattn, Qwen3, Llama, Qwen2 or official gated-attention "
+                                   "checkpoint), optionally retrofit the gate of --variant, and write --to in "
+                                   "gatedattn format or as a stock transformers checkpoint (--format hf).")
+    c.add_argument("--from", dest="from_dir", required=True, metavar="DIR")
+    c.add_argument("--to", required=True, metavar="DIR")
+    c.add_argument("--variant", default=None, metavar="NAME", help="retrofit this gate preset (see `gatedattn variants`)")
+    c.add_argument("--init", choices=("identity", "random"), default=None,
+                   help="gate init: identity keeps the model's function (default), random does not")
+    c.add_argument("--format", choices=("gatedattn", "hf"), default="gatedattn",
+                   help="gatedattn (any variant) or hf (stock Qwen3/Llama/Qwen2; gate-free models only)")
+    c.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    c.add_argument("--seed", type=int, default=0, help="seed for --init random")
+    c.add_argument("--force", action="store_true", help="replace a non-empty --to")
+    c.set_defaults(func=_convert)

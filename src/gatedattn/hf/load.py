@@ -1,0 +1,348 @@
+"""Import local checkpoint directories as ``GatedLM`` models.
+
+``load_model(dir)`` reads ``config.json`` and picks an importer from ``IMPORTERS`` by
+its ``model_type``:
+
+* ``gatedattn`` -- a directory written by ``GatedLM.save_pretrained``;
+* ``qwen3``, ``llama``, ``qwen2`` -- HuggingFace ``*ForCausalLM`` checkpoints, loaded
+  as ``baseline`` models with the same logits as transformers;
+* ``qwen3`` with ``elementwise_attn_output_gate`` / ``headwise_attn_output_gate`` --
+  the official gated-attention checkpoints (``q_proj`` packs the gate in the
+  KV-grouped layout, see ``gatedattn.hf.layouts``), loaded as ``gated`` /
+  ``gated-headwise``.
+
+An importer maps every config field that changes the computation or refuses the
+checkpoint with a ``GatedAttnError`` naming the field; every tensor must be present
+with the right shape and every tensor in the files must be used. Nothing is loaded
+partially or approximately.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
+from gatedattn.errors import GatedAttnError
+from gatedattn.hf.checkpoint import TensorSource, read_config
+from gatedattn.hf.layouts import split_grouped
+from gatedattn.model import MODEL_TYPE, GatedLM, ModelConfig, check_state_dict
+
+# model types that look importable but are not (with the reason and what to do instead)
+NOT_SUPPORTED = {
+    "qwen3_next": "Qwen3-Next mixes linear-attention (Gated DeltaNet) layers and MoE MLPs, which GatedLM "
+                  "does not have; convert single attention layers with gatedattn.hf.attention_from_qwen3_next",
+    "gpt_oss": "GPT-OSS has MoE MLPs and sliding-window layers, which GatedLM does not have; convert single "
+               "attention layers with gatedattn.hf.attention_from_gpt_oss",
+}
+
+OFFICIAL_GATE_KEYS = ("elementwise_attn_output_gate", "headwise_attn_output_gate", "use_qk_norm", "qkv_bias")
+_IGNORABLE = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+# --------------------------------------------------------------------------- config mapping
+@dataclass(frozen=True)
+class Plan:
+    """What an importer decided: the model config and how ``q_proj`` is laid out
+    (``plain``, or ``grouped`` for the official gate layout)."""
+
+    cfg: ModelConfig
+    q_layout: str = "plain"
+    source: str = ""
+
+
+def _refuse(source: str, field: str, value: Any, why: str) -> GatedAttnError:
+    return GatedAttnError(f"{source}: {field}={value!r} is not supported: {why}")
+
+
+def hf_config_object(raw: dict[str, Any], source: str):
+    """The transformers config object for ``raw`` (so defaults match transformers exactly)."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = raw.get("model_type")
+    try:
+        cls = CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise GatedAttnError(f"{source}: model_type={model_type!r} is unknown to transformers") from None
+    try:
+        return cls.from_dict(dict(raw))
+    except Exception as e:  # transformers' own validation: name the problem, one line
+        raise GatedAttnError(f"{source}: invalid {model_type} config ({type(e).__name__}: {e})") from None
+
+
+def rope_from_hf(hf, head_dim: int, source: str, *, allow_partial: bool) -> RopeConfig:
+    """``RopeConfig`` for a transformers config's ``rope_parameters``; refuses what
+    ``gatedattn.rope`` does not compute identically."""
+    params = getattr(hf, "rope_parameters", None)
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        raise _refuse(source, "rope_parameters", params, "expected one dict with rope_theta (per-layer-type RoPE is not supported)")
+    theta = float(params["rope_theta"])
+    fraction = float(params.get("partial_rotary_factor") or getattr(hf, "partial_rotary_factor", None) or 1.0)
+    if fraction != 1.0 and not allow_partial:
+        raise _refuse(source, "partial_rotary_factor", fraction,
+                      "this architecture's transformers code rotates the whole head")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    max_len = int(getattr(hf, "max_position_embeddings", 2048) or 2048)
+    if rope_type == "default":
+        return RopeConfig(theta=theta, fraction=fraction, original_max_len=max_len)
+    if rope_type == "linear":
+        return RopeConfig(theta=theta, fraction=fraction, scaling="linear", factor=float(params["factor"]),
+                          original_max_len=max_len)
+    if rope_type == "yarn":
+        factor = params.get("factor")
+        original = int(params.get("original_max_position_embeddings") or max_len)
+        factor = float(factor) if factor is not None else max_len / original
+        if factor < 1.0:
+            raise _refuse(source, "rope_parameters.factor", factor, "YaRN needs factor >= 1")
+        for key in ("mscale", "mscale_all_dim"):
+            if params.get(key):
+                raise _refuse(source, f"rope_parameters.{key}", params[key], "YaRN mscale variants are not implemented")
+        attention_factor = params.get("attention_factor")
+        default_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        if attention_factor is not None and abs(float(attention_factor) - default_factor) > 1e-12:
+            raise _refuse(source, "rope_parameters.attention_factor", attention_factor,
+                          f"gatedattn's YaRN uses 0.1 ln(factor) + 1 = {default_factor:g}")
+        if params.get("truncate", True) is False:
+            raise _refuse(source, "rope_parameters.truncate", False,
+                          "gatedattn's YaRN rounds the correction range (truncate=True)")
+        return RopeConfig(theta=theta, fraction=fraction, scaling="yarn", factor=factor,
+                          original_max_len=original, beta_fast=float(params.get("beta_fast") or 32.0),
+                          beta_slow=float(params.get("beta_slow") or 1.0))
+    raise _refuse(source, "rope_parameters.rope_type", rope_type,
+                  "gatedattn implements default, linear and yarn RoPE (llama3, dynamic, longrope are not implemented)")
+
+
+def _check_common(hf, source: str) -> None:
+    act = getattr(hf, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise _refuse(source, "hidden_act", act, "GatedLM's MLP is SwiGLU with SiLU")
+    layer_types = getattr(hf, "layer_types", None) or []
+    other = [t for t in layer_types if t != "full_attention"]
+    if other:
+        raise _refuse(source, "layer_types", other[0],
+                      "only full causal attention is implemented (sliding-window layers compute something else "
+                      "once a sequence is longer than the window)")
+    quant = getattr(hf, "quantization_config", None)
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else type(quant).__name__
+        raise _refuse(source, "quantization_config", method, "quantized weights are not supported")
+
+
+def _head_dim(hf) -> int:
+    head_dim = getattr(hf, "head_dim", None)
+    return int(head_dim) if head_dim else hf.hidden_size // hf.num_attention_heads
+
+
+def _eos(hf) -> int | None:
+    eos = getattr(hf, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return eos
+
+
+def _model_config(hf, attention: AttentionConfig, variant: str) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=hf.vocab_size, n_layers=hf.num_hidden_layers, attention=attention,
+        ffn_dim=hf.intermediate_size, variant=variant,
+        max_seq_len=int(getattr(hf, "max_position_embeddings", 2048) or 2048),
+        tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        norm_eps=float(hf.rms_norm_eps), init_std=float(getattr(hf, "initializer_range", 0.02)),
+        bos_token_id=getattr(hf, "bos_token_id", None), eos_token_id=_eos(hf),
+    )
+
+
+def _attention(hf, source: str, **fields: Any) -> AttentionConfig:
+    head_dim = _head_dim(hf)
+    return AttentionConfig(
+        d_model=hf.hidden_size, n_heads=hf.num_attention_heads,
+        n_kv_heads=hf.num_key_value_heads or hf.num_attention_heads, head_dim=head_dim,
+        rope=rope_from_hf(hf, head_dim, source, allow_partial=False), norm_eps=float(hf.rms_norm_eps), **fields,
+    )
+
+
+def _plan_qwen3(raw: dict[str, Any], source: str) -> Plan:
+    hf = hf_config_object(raw, source)
+    _check_common(hf, source)
+    official = any(key in raw for key in OFFICIAL_GATE_KEYS)
+    if not official:
+        bias = bool(hf.attention_bias)
+        attn = _attention(hf, source, qk_norm=True, qkv_bias=bias, o_bias=bias)
+        return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+    # the official gated-attention code (github.com/qiuzh20/gated_attention, modeling_qwen3.py):
+    # biases follow qkv_bias (q, k, v and o), q/k norms follow use_qk_norm; attention_bias is unused
+    elementwise = bool(raw.get("elementwise_attn_output_gate", False))
+    headwise = bool(raw.get("headwise_attn_output_gate", False))
+    if elementwise and headwise:
+        raise _refuse(source, "elementwise_attn_output_gate", True,
+                      "headwise_attn_output_gate is also true; a checkpoint has one gate")
+    bias = bool(raw.get("qkv_bias", False))
+    if bool(raw.get("attention_bias", False)) != bias:
+        raise _refuse(source, "attention_bias", raw.get("attention_bias"),
+                      f"the official gated-attention code ignores it and uses qkv_bias={bias}; "
+                      f"make the two agree")
+    gate = None
+    if elementwise or headwise:
+        gate = GateConfig(granularity="headwise" if headwise else "elementwise", bias=bias)
+    attn = _attention(hf, source, qk_norm=bool(raw.get("use_qk_norm", True)), qkv_bias=bias, o_bias=bias,
+                      gate=gate)
+    variant = "gated-headwise" if headwise else "gated" if elementwise else "baseline"
+    return Plan(_model_config(hf, attn, variant), "grouped" if gate else "plain", source)
+
+
+def _plan_llama(raw: dict[str, Any], source: str) -> Plan:
+    hf = hf_config_object(raw, source)
+    _check_common(hf, source)
+    if getattr(hf, "mlp_bias", False):
+        raise _refuse(source, "mlp_bias", True, "GatedLM's MLP has no biases")
+    bias = bool(getattr(hf, "attention_bias", False))
+    attn = _attention(hf, source, qk_norm=False, qkv_bias=bias, o_bias=bias)
+    return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+
+
+def _plan_qwen2(raw: dict[str, Any], source: str) -> Plan:
+    hf = hf_config_object(raw, source)
+    _check_common(hf, source)
+    attn = _attention(hf, source, qk_norm=False, qkv_bias=True, o_bias=False)
+    return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+
+
+@dataclass(frozen=True)
+class Importer:
+    """How to import one ``model_type``: accepted ``architectures`` and a ``plan``
+    (config -> ``Plan``); ``plan=None`` marks gatedattn's own format."""
+
+    architectures: tuple[str, ...]
+    plan: Callable[[dict[str, Any], str], Plan] | None
+
+
+IMPORTERS: dict[str, Importer] = {
+    MODEL_TYPE: Importer(("GatedLM",), None),
+    "qwen3": Importer(("Qwen3ForCausalLM",), _plan_qwen3),
+    "llama": Importer(("LlamaForCausalLM",), _plan_llama),
+    "qwen2": Importer(("Qwen2ForCausalLM",), _plan_qwen2),
+}
+
+
+def plan_for(directory: Path, raw: dict[str, Any]) -> tuple[Importer, str]:
+    source = str(directory / "config.json")
+    model_type = raw.get("model_type")
+    if model_type in NOT_SUPPORTED:
+        raise GatedAttnError(f"{source}: model_type={model_type!r} is not supported as a whole model: "
+                             f"{NOT_SUPPORTED[model_type]}")
+    importer = IMPORTERS.get(model_type)
+    if importer is None:
+        raise GatedAttnError(f"{source}: model_type={model_type!r} is not supported; supported: "
+                             f"{', '.join(repr(k) for k in IMPORTERS)}")
+    archs = raw.get("architectures") or []
+    if archs and not any(a in importer.architectures for a in archs):
+        raise GatedAttnError(f"{source}: architectures={archs!r} is not supported for model_type={model_type!r}; "
+                             f"supported: {', '.join(importer.architectures)}")
+    return importer, source
+
+
+# --------------------------------------------------------------------------- weights
+@dataclass(frozen=True)
+class Spec:
+    """One checkpoint tensor: its name, the GatedLM tensors it becomes (stacked along
+    dim 0) and, for a packed tensor, the function that splits it."""
+
+    hf_name: str
+    targets: tuple[str, ...]
+    split: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None
+
+
+def hf_specs(cfg: ModelConfig, q_layout: str = "plain") -> list[Spec]:
+    """The HF (Llama/Qwen naming) tensors of a model with config ``cfg``."""
+    a = cfg.attention
+    specs = [Spec("model.embed_tokens.weight", ("embed.weight",)), Spec("model.norm.weight", ("norm.weight",))]
+    if not cfg.tie_embeddings:
+        specs.append(Spec("lm_head.weight", ("lm_head.weight",)))
+    for i in range(cfg.n_layers):
+        h, o = f"model.layers.{i}.", f"blocks.{i}."
+        pairs = [("input_layernorm.weight", "attn_norm.weight"),
+                 ("post_attention_layernorm.weight", "mlp_norm.weight"),
+                 ("self_attn.o_proj.weight", "attn.o_proj.weight")]
+        pairs += [(f"mlp.{p}.weight", f"mlp.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
+        kinds = ("weight", "bias") if a.qkv_bias else ("weight",)
+        for kind in kinds:
+            pairs += [(f"self_attn.{p}.{kind}", f"attn.qkv.{p}.{kind}") for p in ("k_proj", "v_proj")]
+        if a.o_bias:
+            pairs.append(("self_attn.o_proj.bias", "attn.o_proj.bias"))
+        if a.qk_norm:
+            pairs += [("self_attn.q_norm.weight", "attn.q_norm.weight"), ("self_attn.k_norm.weight", "attn.k_norm.weight")]
+        specs += [Spec(h + src, (o + dst,)) for src, dst in pairs]
+        for kind in kinds:
+            q_target = o + f"attn.qkv.q_proj.{kind}"
+            if q_layout == "plain":
+                specs.append(Spec(h + f"self_attn.q_proj.{kind}", (q_target,)))
+            elif q_layout == "grouped":
+                width = 1 if a.gate.granularity == "headwise" else a.head_dim
+                specs.append(Spec(h + f"self_attn.q_proj.{kind}", (q_target, o + f"attn.gate.x.proj.{kind}"),
+                                  _grouped_splitter(a, width)))
+            else:
+                raise ValueError(f"unknown q layout {q_layout!r}")
+    return specs
+
+
+def _grouped_splitter(a: AttentionConfig, width: int):
+    # ``split_grouped`` is looked up at call time: tests swap in the wrong layout and watch the logits change
+    return lambda t: split_grouped(t, a.n_heads, a.n_kv_heads, a.head_dim, width)
+
+
+def read_hf_state(directory: Path, cfg: ModelConfig, q_layout: str, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GatedLM state dict from the HF-named tensors in ``directory``; strict both ways."""
+    source = TensorSource(directory)
+    state: dict[str, torch.Tensor] = {}
+    for spec in hf_specs(cfg, q_layout):
+        if spec.hf_name not in source.names:
+            raise GatedAttnError(f"{directory}: tensor {spec.hf_name!r} is missing")
+        shapes = [tuple(expected[t].shape) for t in spec.targets]
+        want = (sum(s[0] for s in shapes), *shapes[0][1:])
+        tensor = source.get(spec.hf_name)
+        if tuple(tensor.shape) != want:
+            raise GatedAttnError(f"{directory}: tensor {spec.hf_name!r} has shape {tuple(tensor.shape)}, "
+                                 f"the config needs {want}")
+        parts = spec.split(tensor) if spec.split is not None else (tensor,)
+        state.update(zip(spec.targets, parts))
+    ignorable = {"lm_head.weight"} if cfg.tie_embeddings else set()  # transformers ties it to the embedding too
+    unexpected = [n for n in source.untaken() if n not in ignorable and not _IGNORABLE.search(n)]
+    if unexpected:
+        raise GatedAttnError(f"{directory}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in "
+                             f"all); the config does not account for it")
+    return state
+
+
+def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
+               device: str | torch.device = "cpu") -> GatedLM:
+    """Load any supported checkpoint directory as a ``GatedLM`` (float32 unless ``dtype``)."""
+    directory = Path(directory)
+    raw = read_config(directory)
+    importer, _ = plan_for(directory, raw)
+    if importer.plan is None:
+        model = GatedLM.from_pretrained(directory)
+    else:
+        plan = importer.plan(raw, str(directory / "config.json"))
+        model = GatedLM(plan.cfg)
+        expected = model.state_dict()
+        if plan.cfg.tie_embeddings:
+            expected.pop("lm_head.weight")
+        state = read_hf_state(directory, plan.cfg, plan.q_layout, expected)
+        check_state_dict(state, expected, directory)
+        model.load_state_dict(state, strict=False)
+    model.eval()
+    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
+
+def load_config(directory: str | Path) -> ModelConfig:
+    """The ``ModelConfig`` that ``load_model`` would build, without reading weights."""
+    directory = Path(directory)
+    raw = read_config(directory)
+    importer, _ = plan_for(directory, raw)
+    if importer.plan is None:
+        return ModelConfig.from_dict(raw)
+    return importer.plan(raw, str(directory / "config.json")).cfg

@@ -1,0 +1,168 @@
+"""Retrofit a gate (or a sink) into a loaded model, in place.
+
+``add_gates(model, variant, init)`` replaces every block's ``Attention`` by one built
+from ``model.cfg.attention`` plus the gate (and/or sink) of the preset ``variant``,
+copies every existing weight, and updates ``model.cfg`` so that ``save_pretrained`` /
+``from_pretrained`` round-trip the result.
+
+``init="identity"`` keeps the model's function. The final projection of every gate
+logit is zeroed (X-gate ``W`` or low-rank ``W_u``, H-gate ``W_u``, C-gate ``W_c``,
+static logits), so each gate outputs a constant ``s`` at the start: 0.5 for a sigmoid
+gate, 0.25 for HyGA (X+H sigmoid times C-gate sigmoid), 0.75 for NS-sigmoid. The
+linear map next to the gate is divided by ``s`` (``o_proj`` for G1/G5, ``v_proj`` for
+G2, ``k_proj`` for G3, ``q_proj`` for G4), which undoes the constant exactly when ``s``
+is a power of two and to float rounding otherwise. The gates start in their
+responsive range (sigmoid slope 1/4), not saturated, so they train from the first
+step. Gates whose score is 0 at logit 0 (SiLU or identity activation, multiplied)
+get a bias (``GateConfig.bias=True``) set so that the score is 1. Additive gates
+(``Y + SiLU(logit)``) are exact with zero logits. A newly added sink starts at
+``sink_logit`` (default -30): its probability ``sigmoid(sink_logit - lse)`` is the
+only residual error (about 1e-13 relative), and its gradient is as small.
+
+``init="random"`` initialises the new parameters as ``GatedLM`` does for a fresh
+model (Normal(0, init_std) weights, zero biases, static logits and sink), which does
+not keep the model's function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from gatedattn.attention import Attention
+from gatedattn.config import AttentionConfig
+from gatedattn.errors import GatedAttnError
+from gatedattn.gates import CrossHeadGate, Gate, HLogits, PerHeadLinear, XLogits
+from gatedattn.model import GatedLM
+from gatedattn.variants import get_variant
+
+INITS = ("identity", "random")
+# the linear map whose output (g2-g4) or input (g1, g5) the gate scales
+_COMPENSATE = {"g1": "o_proj", "g5": "o_proj", "g2": "qkv.v_proj", "g3": "qkv.k_proj", "g4": "qkv.q_proj"}
+
+
+def _silu_inverse_of_one() -> float:
+    """b with b * sigmoid(b) = 1 (Newton)."""
+    b = 1.0
+    for _ in range(50):
+        s = 1.0 / (1.0 + math.exp(-b))
+        f, df = b * s - 1.0, s + b * s * (1.0 - s)
+        b -= f / df
+    return b
+
+
+def _new_attention_config(old: AttentionConfig, variant: str, init: str) -> AttentionConfig:
+    if old.gate is not None:
+        raise GatedAttnError("the model already has a gate; add_gates retrofits gate-free models only")
+    if old.head_transform != "none":
+        raise GatedAttnError(f"the model has head_transform={old.head_transform!r}; add_gates retrofits "
+                             f"plain attention only")
+    changes = get_variant(variant).make(old.head_dim)
+    if not changes:
+        raise GatedAttnError(f"variant {variant!r} adds nothing to retrofit; choose a gated variant")
+    other = sorted(set(changes) - {"gate", "sink"})
+    if other:
+        raise GatedAttnError(f"variant {variant!r} sets {other[0]}={changes[other[0]]!r}, which is not a gate; "
+                             f"add_gates retrofits gates and sinks only")
+    gate = changes.get("gate")
+    if gate is not None:
+        if old.kv == "mla" and gate.position in ("g2", "g3", "g4"):
+            raise GatedAttnError(f"variant {variant!r} gates a projection ({gate.position}); retrofitting it "
+                                 f"into an MLA model is not supported")
+        if init == "identity" and gate.combine == "multiply" and gate.activation in ("silu", "identity") \
+                and gate.source != "none":
+            gate = dataclasses.replace(gate, bias=gate.bias or gate.source == "input")
+    return old.replace(gate=gate, sink=old.sink or bool(changes.get("sink", False)))
+
+
+@torch.no_grad()
+def _init_random(attn: Attention, new_names: set[str], init_std: float) -> None:
+    """GatedLM.reset_parameters' rules, applied to the new parameters only."""
+    for name, module in attn.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            full = f"{name}.{pname}" if name else pname
+            if full not in new_names:
+                continue
+            if pname == "weight" and isinstance(module, (nn.Linear, PerHeadLinear)):
+                nn.init.normal_(p, 0.0, init_std)
+            else:  # biases, static logits, sink
+                nn.init.zeros_(p)
+
+
+@torch.no_grad()
+def _init_identity(attn: Attention, new_names: set[str], init_std: float, sink_logit: float) -> None:
+    cfg = attn.cfg
+    if "sink" in new_names:
+        attn.sink.fill_(sink_logit)
+    gate: Gate | None = attn.gate
+    if gate is None:
+        return
+    g = cfg.gate
+    if g.activation == "silu":
+        target = _silu_inverse_of_one()
+    elif g.activation == "identity":
+        target = 1.0
+    else:
+        target = 0.0
+    for module in gate.modules():
+        if isinstance(module, XLogits):
+            if module.static:
+                module.logits.fill_(target if g.combine == "multiply" else 0.0)
+            elif module.rank:
+                nn.init.normal_(module.down.weight, 0.0, init_std)
+                module.up.weight.zero_()
+                if module.up.bias is not None:
+                    module.up.bias.fill_(target if g.combine == "multiply" else 0.0)
+            else:
+                module.proj.weight.zero_()
+                if module.proj.bias is not None:
+                    module.proj.bias.fill_(target if g.combine == "multiply" else 0.0)
+        elif isinstance(module, HLogits):
+            nn.init.normal_(module.down.weight, 0.0, init_std)
+            module.up.weight.zero_()
+        elif isinstance(module, CrossHeadGate):
+            module.proj.weight.zero_()
+    # the gate is now a constant: find it, and undo it in the neighbouring linear map
+    # (the new layer is still float32 here; add_gates casts it to the model's dtype afterwards)
+    rng = torch.Generator().manual_seed(0)
+    y = torch.rand(2, 3, gate.groups, gate.dim, generator=rng) + 0.5
+    x = torch.randn(2, 3, cfg.d_model, generator=rng)
+    ratio = gate(y, x) / y
+    if g.combine == "add":
+        if not torch.equal(ratio, torch.ones_like(ratio)):
+            raise GatedAttnError(f"an additive {g.activation} gate is not zero at logit 0; no identity init")
+        return
+    scale = ratio.flatten()[0].item()
+    if scale == 0 or not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=0, atol=1e-6):
+        raise GatedAttnError(f"the {g.activation} gate is not a non-zero constant at init; no identity init")
+    linear: nn.Linear = attn.get_submodule(_COMPENSATE[g.position])
+    linear.weight.div_(scale)
+    if linear.bias is not None and g.position != "g1":
+        linear.bias.div_(scale)
+
+
+def add_gates(model: GatedLM, variant: str, init: str = "identity", *, sink_logit: float = -30.0) -> GatedLM:
+    """Add the gate (and/or sink) of preset ``variant`` to every attention layer of
+    ``model`` in place; returns ``model``. See the module docstring for ``init``."""
+    if init not in INITS:
+        raise GatedAttnError(f"init={init!r} is not allowed; choose one of {', '.join(INITS)}")
+    old_cfg = model.cfg.attention
+    new_cfg = _new_attention_config(old_cfg, variant, init)
+    for block in model.blocks:
+        old: Attention = block.attn
+        like = old.o_proj.weight
+        new = Attention(new_cfg)
+        result = new.load_state_dict(old.state_dict(), strict=False)
+        if result.unexpected_keys:  # cannot happen for gate/sink presets; never drop weights silently
+            raise GatedAttnError(f"retrofit would drop tensor {result.unexpected_keys[0]!r}")
+        new_names = set(result.missing_keys)
+        if init == "random":
+            _init_random(new, new_names, model.cfg.init_std)
+        else:
+            _init_identity(new, new_names, model.cfg.init_std, sink_logit)
+        block.attn = new.to(device=like.device, dtype=like.dtype).train(old.training)
+    model.cfg = model.cfg.replace(attention=new_cfg, variant=variant)
+    return model
