@@ -16,6 +16,10 @@ from gatedattn.errors import GatedAttnError
 SUBCOMMAND_MODULES = (
     "gatedattn.variants",
     "gatedattn.data.cli",
+    "gatedattn.analysis.cli",
+    "gatedattn.hf.cli",
+    "gatedattn.train.cli",
+    "gatedattn.reproduce.cli",
 )
 
 

@@ -1,0 +1,86 @@
+"""``gatedattn reproduce``: the project's main job."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from gatedattn.errors import ConfigError
+from gatedattn.reproduce.runner import ReproduceConfig, reproduce
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _sets(pairs: list[str]) -> dict[str, str]:
+    import typing
+
+    from gatedattn.train.config import TrainConfig, parse_value, settable_keys
+
+    fields = typing.get_type_hints(TrainConfig)
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {pair!r} must look like key=value")
+        if key not in fields:
+            raise ConfigError(f"--set {key!r} is not a training setting; settings are: {', '.join(settable_keys())}")
+        out[key] = parse_value(value, fields[key], key)
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    given = {
+        "variants": args.variants, "seeds": args.seeds, "budget_minutes": args.budget_minutes,
+        "steps": args.steps, "preset": args.preset, "seq_len": args.seq_len, "micro_batch": args.batch_size,
+        "lr": args.lr, "lrs": args.lrs, "dtype": args.dtype, "data_dir": args.data, "out_dir": args.out,
+        "multiples": args.multiples, "study": args.study, "progress": not args.quiet,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.set:
+        given["train_overrides"] = _sets(args.set)
+    cfg = ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
+    command = "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
+    report = reproduce(cfg, command=command)
+    print(f"report: {report}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("reproduce", help="train baseline and gated variants alike and report the papers' claims",
+                       description="Train each variant on the same data, in the same order, for the same tokens; "
+                                   "analyse each; write report.md, plots and results.json.")
+    p.add_argument("--variants", type=_names, help="comma-separated presets (default baseline,gated)")
+    p.add_argument("--budget-minutes", type=float, help="wall-clock budget; sets the steps per run (default 20)")
+    p.add_argument("--steps", type=int, help="training steps per run (overrides --budget-minutes)")
+    p.add_argument("--seeds", type=int, help="seeds per variant (default 1); with 2+ the report tests seed noise")
+    p.add_argument("--data", help="prepared data directory (default: the bundled corpus, prepared once)")
+    p.add_argument("--out", help="output directory (default runs/reproduce)")
+    p.add_argument("--preset", help="model size preset (default small)")
+    p.add_argument("--seq-len", type=int, help="training context (default 256)")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
+    p.add_argument("--lrs", type=_floats, help="learning-rate ladder for --study lr")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), help="default bf16 autocast")
+    p.add_argument("--multiples", type=_ints, help="extrapolation lengths as multiples of the context (default 1,2,4,8)")
+    p.add_argument("--study", choices=("main", "lr"), help="main (default) or the learning-rate stability study")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="any training setting (see gatedattn train)")
+    p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_run)

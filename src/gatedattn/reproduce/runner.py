@@ -1,0 +1,391 @@
+"""Train each variant on the same data, in the same order, for the same tokens; analyse
+each; write ``results.json``, ``report.md`` and plots.
+
+Layout of ``out``::
+
+    out/results.json            every number the report shows
+    out/report.md, out/*.png    the report
+    out/runs/<variant>-s<seed>/ each training run (metrics.jsonl, checkpoints, final/)
+
+A second call with the same ``out`` resumes: finished runs are reused, interrupted ones
+continue from their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gatedattn.analysis.analyze import analyze, extrapolate
+from gatedattn.analysis.metrics import mean_std
+from gatedattn.cost import cost
+from gatedattn.data import TokenData, prepare
+from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.io import atomic_write_json
+from gatedattn.model import SIZE_PRESETS, GatedLM
+from gatedattn.reproduce.claims import judge_all
+from gatedattn.reproduce.report import write_report
+from gatedattn.train import TrainConfig, train
+from gatedattn.variants import VARIANTS
+
+STUDIES = ("main", "lr")
+SUMMARY_METRICS = (
+    "val_loss", "val_ppl", "f_attn", "sink_eps", "m_act", "m_act_ratio", "gate_mean",
+    "gate_frac_below_0.01", "gate_frac_below_0.001", "sink_mass",
+)
+
+
+@dataclass(frozen=True)
+class ReproduceConfig:
+    """One reproduction. ``steps`` fixes the training length; without it the length is
+    derived from ``budget_minutes`` (timed on this machine, the same for every variant)."""
+
+    variants: tuple[str, ...] = ("baseline", "gated")
+    seeds: int = 1
+    budget_minutes: float = 20.0
+    steps: int | None = None
+    preset: str = "small"
+    seq_len: int = 256
+    micro_batch: int = 16
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    dtype: str = "bf16"
+    optimizer: str = "adamw"
+    data_dir: str | None = None
+    out_dir: str = "runs/reproduce"
+    evals: int = 8
+    analysis_sequences: int = 32
+    multiples: tuple[int, ...] = (1, 2, 4, 8)
+    study: str = "main"
+    lrs: tuple[float, ...] = (1e-3, 3e-3, 1e-2, 3e-2)
+    train_overrides: dict[str, Any] = field(default_factory=dict)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        owner = "ReproduceConfig"
+        if not self.variants:
+            raise ConfigError(f"{owner}.variants is empty; name at least one of: {', '.join(VARIANTS)}")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise ConfigError(f"{owner}.variants: unknown variant {v!r}; known variants: {', '.join(VARIANTS)}")
+        if len(set(self.variants)) != len(self.variants):
+            raise ConfigError(f"{owner}.variants names a variant twice: {', '.join(self.variants)}")
+        if self.study not in STUDIES:
+            raise ConfigError(f"{owner}.study={self.study!r} is not allowed; choose one of {', '.join(STUDIES)}")
+        if self.preset not in SIZE_PRESETS:
+            raise ConfigError(f"{owner}.preset={self.preset!r} is not allowed; choose one of {', '.join(SIZE_PRESETS)}")
+        for name in ("seeds", "seq_len", "micro_batch", "evals", "analysis_sequences"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{owner}.{name}={getattr(self, name)!r} must be > 0")
+        if self.steps is not None and self.steps <= 0:
+            raise ConfigError(f"{owner}.steps={self.steps} must be > 0")
+        if self.budget_minutes <= 0:
+            raise ConfigError(f"{owner}.budget_minutes={self.budget_minutes} must be > 0")
+        if self.lr <= 0 or any(lr <= 0 for lr in self.lrs):
+            raise ConfigError(f"{owner}.lr and lrs must be > 0")
+        if any(m < 1 for m in self.multiples):
+            raise ConfigError(f"{owner}.multiples={self.multiples} must all be >= 1")
+        # fail now, not after an hour: the trainer validates every field it gets
+        self.train_config("baseline", 0, steps=10, out_dir="unused")
+
+    @classmethod
+    def quick(cls, **changes: Any) -> "ReproduceConfig":
+        """About a minute on a 2-core CPU: a smoke test of the whole pipeline."""
+        base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, warmup_steps=5, evals=2,
+                    analysis_sequences=8, multiples=(1, 2), lrs=(3e-3, 3e-2), out_dir="runs/reproduce-quick")
+        return cls(**{**base, **changes})
+
+    def train_config(self, variant: str, seed: int, *, steps: int, out_dir: str, lr: float | None = None) -> TrainConfig:
+        fields = dict(
+            data_dir=self.data_dir or "unused", out_dir=out_dir, variant=variant, preset=self.preset,
+            seq_len=self.seq_len, micro_batch=self.micro_batch, steps=steps, lr=lr or self.lr,
+            warmup_steps=min(self.warmup_steps, max(steps // 5, 1)), dtype=self.dtype, optimizer=self.optimizer,
+            seed=seed, eval_every=max(steps // self.evals, 1), ckpt_every=max(steps // 4, 1),
+            eval_batches=4, progress=self.progress,
+        )
+        return TrainConfig(**{**fields, **self.train_overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------------ helpers
+def default_data_dir() -> Path:
+    """Where the default corpus is prepared once and reused."""
+    root = os.environ.get("GATEDATTN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gatedattn")
+    return Path(root) / "default-data-v1"
+
+
+def ensure_data(cfg: ReproduceConfig) -> Path:
+    if cfg.data_dir:
+        return Path(cfg.data_dir)
+    path = default_data_dir()
+    if not (path / "manifest.json").is_file():
+        _say(f"preparing the default corpus into {path} (once)")
+        prepare(None, path, default_corpus=True, progress=cfg.progress)
+    return path
+
+
+def _say(msg: str) -> None:
+    print(f"[reproduce] {msg}", file=sys.stderr, flush=True)
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {os.cpu_count()} cores, {device}, {platform.system()} {platform.release()}"
+
+
+def code_version() -> str:
+    root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown commit"
+    return f"commit {commit}{' + local changes' if dirty else ''}" if commit else "unknown commit"
+
+
+def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int = 3) -> float:
+    """Seconds per training step (forward, backward, AdamW) of ``variant`` here."""
+    tcfg = cfg.train_config(variant, 0, steps=10, out_dir="unused")
+    model = GatedLM(tcfg.model_config(data.vocab_size, data.bos_id, data.eos_id))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = data.train_batch(0, range(cfg.micro_batch), global_batch=cfg.micro_batch, seq_len=cfg.seq_len, seed=0)
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
+            loss = model.loss(batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -> tuple[int, dict[str, float]]:
+    """Training steps that fit the budget: 80 % of it for training, the rest for evaluation
+    and analysis; every variant gets the same number of steps (the same tokens)."""
+    if cfg.steps is not None:
+        return cfg.steps, {}
+    step_s = {v: time_step(cfg, v, data) for v in cfg.variants}
+    per_step = sum(step_s.values()) * n_runs_per_variant
+    steps = int(cfg.budget_minutes * 60 * 0.8 / per_step)
+    steps = max(10, steps - steps % 10)
+    _say(f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run fit "
+         f"{cfg.budget_minutes:g} min")
+    return steps, step_s
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class SinkTracker:
+    """Eval hook: F-Attn, Sink^eps and M-Act on a few validation sequences during training."""
+
+    def __init__(self, data: TokenData, seq_len: int, sequences: int = 4):
+        self.batch = next(data.val_batches(seq_len=seq_len, batch_size=sequences, max_batches=1))
+
+    def __call__(self, model: torch.nn.Module, step: int, tokens: int) -> dict[str, float]:
+        model = getattr(model, "module", model)
+        r = analyze(model, [self.batch.to(next(model.parameters()).device)], layers_for_maps=[])
+        out = {"f_attn": r["f_attn"], "sink_eps": r["sink_eps"], "m_act": r["m_act"]}
+        if r.get("gate_mean") is not None:
+            out["gate_mean"] = r["gate_mean"]
+        return {k: float(v) for k, v in out.items() if v is not None}
+
+
+# ------------------------------------------------------------------------------ one run
+def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str, seed: int, steps: int,
+            out: Path, *, lr: float | None = None, analyse: bool = True) -> dict[str, Any]:
+    tag = f"{variant}-s{seed}" + (f"-lr{lr:g}" if lr is not None else "")
+    run_dir = out / "runs" / tag
+    tcfg = dataclasses.replace(cfg.train_config(variant, seed, steps=steps, out_dir=str(run_dir), lr=lr),
+                               data_dir=str(data_dir))
+    _say(f"training {tag}: {steps} steps of {cfg.micro_batch}x{cfg.seq_len} tokens")
+    hook = SinkTracker(data, cfg.seq_len) if analyse else None
+    result = train(tcfg, eval_hook=hook, resume=True)
+    records = read_metrics(run_dir)
+    train_recs = [r for r in records if r.get("kind") == "train"]
+    eval_recs = [r for r in records if r.get("kind") == "eval"]
+    run: dict[str, Any] = {
+        "variant": variant, "seed": seed, "lr": tcfg.lr, "run_dir": str(run_dir.relative_to(out)),
+        "steps": result.steps, "tokens": result.tokens, "diverged": result.diverged,
+        "diverged_reason": result.diverged_reason, "spikes": result.spikes,
+        "final_loss": result.final_loss, "tokens_per_s": result.tokens_per_s, "train_seconds": result.elapsed_s,
+        "curve": {"steps": [r["step"] for r in train_recs], "tokens": [r["tokens"] for r in train_recs],
+                  "loss": [r["loss"] for r in train_recs]},
+        "val_curve": {"steps": [r["step"] for r in eval_recs], "tokens": [r["tokens"] for r in eval_recs],
+                      "val_loss": [r["val_loss"] for r in eval_recs]},
+        "over_training": {"tokens": [r["tokens"] for r in eval_recs if "f_attn" in r],
+                          **{k: [r[k] for r in eval_recs if k in r] for k in ("f_attn", "sink_eps", "m_act", "gate_mean")}},
+    }
+    if not analyse or result.final_dir is None:
+        return run
+    model = GatedLM.from_pretrained(result.final_dir)
+    n_layers = model.cfg.n_layers
+    batches = data.val_batches(seq_len=cfg.seq_len, batch_size=8, max_batches=math.ceil(cfg.analysis_sequences / 8))
+    _say(f"analysing {tag}")
+    run["analysis"] = analyze(model, batches, layers_for_maps=[n_layers // 2])
+    if cfg.multiples:
+        run["extrapolation"] = extrapolate(model, data, train_len=cfg.seq_len, multiples=cfg.multiples,
+                                           batch_size=4)
+    return run
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean, std and per-seed values of every headline metric of one variant."""
+    def stat(values: list[float | None]) -> dict[str, Any] | None:
+        vals = [float("nan") if v is None else float(v) for v in values]
+        if not vals or all(v is None for v in values):
+            return None
+        mean, std = mean_std(vals)
+        return {"mean": mean, "std": None if math.isnan(std) else std, "values": vals}
+
+    summary: dict[str, Any] = {}
+    for key in SUMMARY_METRICS:
+        summary[key] = stat([r.get("analysis", {}).get(key) for r in runs])
+    summary["tokens_per_s"] = stat([r["tokens_per_s"] for r in runs])
+    summary["final_train_loss"] = stat([r["final_loss"] for r in runs])
+    ext = [r.get("extrapolation") for r in runs]
+    if all(ext):
+        for method in ext[0]["methods"]:
+            longest = [next((x for x in reversed(e["methods"][method]) if x is not None), None) for e in ext]
+            summary[f"ext_{method}_longest"] = stat(longest)
+        done = [L for L, x in zip(ext[0]["lengths"], ext[0]["methods"][next(iter(ext[0]["methods"]))]) if x is not None]
+        summary["ext_longest_multiple"] = done[-1] / ext[0]["train_len"] if done else None
+    return summary
+
+
+# ------------------------------------------------------------------------------ entry points
+def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
+    """Run the whole reproduction; returns the path of ``report.md``."""
+    started = time.time()
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = ensure_data(cfg)
+    data = TokenData(data_dir)
+    results: dict[str, Any] = {"config": cfg.to_dict(), "variants": {}, "summary": {}}
+
+    if cfg.study == "lr":
+        results["lr_study"] = lr_study(cfg, data_dir, data, out)
+        variants_run = ["baseline", "gated"]
+        steps = results["lr_study"]["steps"]
+        step_s: dict[str, float] = {}
+    else:
+        steps, step_s = plan_steps(cfg, data, cfg.seeds)
+        variants_run = list(cfg.variants)
+        for variant in variants_run:
+            runs = [run_one(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)]
+            results["variants"][variant] = {"runs": runs}
+            results["summary"][variant] = summarize(runs)
+            atomic_write_json(out / "results.json", _json_safe(results))  # progress survives a crash
+
+    results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
+    n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10, out_dir="x")
+                                              .model_config(data.vocab_size)).parameters())
+    n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[cfg.preset]
+    results["config"].update(steps=steps, batch_tokens=cfg.micro_batch * cfg.seq_len,
+                             seeds=list(range(cfg.seeds)), step_seconds=step_s)
+    results["meta"] = {
+        "command": command or "gatedattn reproduce",
+        "machine": machine_description(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gatedattn": _version(),
+        "code_version": code_version(),
+        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "duration_min": (time.time() - started) / 60,
+        "data": f"{data.manifest.source} — {data.train_tokens:,} training / {data.val_tokens:,} validation tokens, "
+                f"vocab {data.vocab_size} (byte-level BPE)",
+        "model": f"{n_layers} layers, d_model {d_model}, {n_heads} heads ({n_kv} KV), SwiGLU {ffn}, "
+                 f"{n_params / 1e6:.2f} M parameters (baseline)",
+        "analysis_tokens": cfg.analysis_sequences * cfg.seq_len,
+    }
+    results["claims"] = judge_all(results) if results["variants"] else []
+    atomic_write_json(out / "results.json", _json_safe(results))
+    if not results["variants"]:
+        return _write_lr_only(results, out)
+    return write_report(results, out)
+
+
+def gate_costs(cfg: ReproduceConfig, data: TokenData, variants: list[str]) -> dict[str, dict[str, int]]:
+    """Per attention layer of this run's model: parameters and FLOPs, total and of the gate."""
+    costs = {}
+    for v in dict.fromkeys(variants):
+        attention = cfg.train_config(v, 0, steps=10, out_dir="unused").model_config(data.vocab_size).attention
+        c = cost(attention, cfg.seq_len)
+        costs[v] = {"gate_params": c.params["gate"], "gate_flops": c.flops["gate"],
+                    "params": c.total_params, "flops": c.total_flops}
+    return costs
+
+
+def lr_study(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
+    """baseline and gated over a ladder of learning rates: which diverged, how many spikes."""
+    n = len(cfg.lrs)
+    probe = dataclasses.replace(cfg, variants=("baseline", "gated"))
+    steps, _ = plan_steps(probe, data, n)
+    runs = []
+    for lr in cfg.lrs:
+        for variant in ("baseline", "gated"):
+            r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
+            runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
+    return {"steps": steps, "runs": runs}
+
+
+def _write_lr_only(results: dict[str, Any], out: Path) -> Path:
+    from gatedattn.reproduce.report import _lr_table
+
+    lines = ["# gatedattn learning-rate study", "", f"Command: `{results['meta']['command']}`  ",
+             f"Machine: {results['meta']['machine']}  ", f"Steps per run: {results['lr_study']['steps']}", ""]
+    lines += _lr_table(results["lr_study"])
+    from gatedattn.io import atomic_write_text
+    from gatedattn.reproduce.claims import CLAIMS
+
+    claim = next(c for c in CLAIMS if c.key == "ga-stability")
+    v = claim.judge(results)
+    lines += [f"**{claim.statement}** (paper: {claim.paper}): {v.status} — {v.measured}", ""]
+    return atomic_write_text(out / "report.md", "\n".join(lines))
+
+
+def _version() -> str:
+    from gatedattn import __version__
+
+    return __version__
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj

@@ -1,0 +1,181 @@
+"""Training checkpoints: written atomically, found by a ``latest`` pointer.
+
+Layout of a run directory's ``checkpoints/``::
+
+    step_00000400/
+        model.safetensors    the model, GatedLM.save_pretrained format (from_pretrained reads it)
+        config.json          its ModelConfig
+        trainer_state.pt     optimizer state, RNG states, step, tokens, loss history
+                             (plain tensors and containers: torch.load(weights_only=True))
+        checkpoint.json      step, tokens and the run identity (to check a resume)
+    latest                   the name of the newest complete checkpoint
+
+A checkpoint is assembled in a hidden temporary directory and renamed into place; only
+then is ``latest`` replaced (itself atomically). A crash at any moment leaves ``latest``
+pointing at a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gatedattn.errors import GatedAttnError
+from gatedattn.io import atomic_save_safetensors, atomic_torch_save, atomic_write_json, atomic_write_text
+from gatedattn.model import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
+
+CKPT_DIR = "checkpoints"
+LATEST = "latest"
+STATE_FILE = "trainer_state.pt"
+INFO_FILE = "checkpoint.json"
+STATE_FORMAT = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+# ---------------------------------------------------------------------------- RNG
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and CUDA) generator states, as plain tensors/containers."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------- model directories
+def write_model_dir(directory: Path, state: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """``model.safetensors`` + ``config.json`` in the ``GatedLM.save_pretrained`` format."""
+    state = dict(state)
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
+    atomic_write_json(directory / CONFIG_FILE, cfg.to_dict())
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Rename the finished directory ``tmp`` to ``target``, replacing an existing one."""
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(target, old)
+        try:
+            os.rename(tmp, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+
+
+def temp_dir_beside(target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()
+    return tmp
+
+
+# ---------------------------------------------------------------------------- save / find / load
+def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tensor], model_cfg: ModelConfig,
+                    trainer_state: dict[str, Any], info: dict[str, Any], keep: int = 0) -> Path:
+    """Write checkpoint ``step`` atomically, point ``latest`` at it, keep the newest ``keep``
+    (0: all)."""
+    ckpts = Path(run_dir) / CKPT_DIR
+    target = ckpts / step_dir_name(step)
+    tmp = temp_dir_beside(target)
+    try:
+        write_model_dir(tmp, model_state, model_cfg)
+        atomic_torch_save(tmp / STATE_FILE, {"format": STATE_FORMAT, **trainer_state})
+        atomic_write_json(tmp / INFO_FILE, {"step": step, **info})
+        replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(ckpts / LATEST, target.name + "\n")
+    if keep > 0:
+        for old in list_checkpoints(run_dir)[:-keep]:
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoint directories, oldest first."""
+    ckpts = Path(run_dir) / CKPT_DIR
+    if not ckpts.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpts.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``latest`` names (or the newest one when the pointer is missing)."""
+    ckpts = Path(run_dir) / CKPT_DIR
+    pointer = ckpts / LATEST
+    if pointer.is_file():
+        name = pointer.read_text(encoding="utf-8").strip()
+        if _STEP_DIR.match(name) and (ckpts / name).is_dir():
+            return ckpts / name
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def cleanup_temporaries(run_dir: Path) -> None:
+    """Remove what an interrupted checkpoint write left behind."""
+    ckpts = Path(run_dir) / CKPT_DIR
+    if ckpts.is_dir():
+        for p in ckpts.iterdir():
+            if p.name.startswith(".") and (p.name.endswith(".tmp") or ".old-" in p.name):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def read_info(ckpt: Path) -> dict[str, Any]:
+    path = ckpt / INFO_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GatedAttnError(f"{ckpt} is not a complete checkpoint: {INFO_FILE} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
+
+
+def load_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(model state dict, trainer state) of a checkpoint directory, on the CPU."""
+    model_state = read_safetensors(ckpt / WEIGHTS_FILE)
+    path = ckpt / STATE_FILE
+    if not path.is_file():
+        raise GatedAttnError(f"{path} is missing")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # unpickling errors come in many types
+        raise GatedAttnError(f"{path} is truncated or corrupt ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise GatedAttnError(f"{path}: unknown trainer state format {state.get('format') if isinstance(state, dict) else None!r}")
+    return model_state, state

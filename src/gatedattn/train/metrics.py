@@ -1,0 +1,132 @@
+"""Training metrics: ``metrics.jsonl``, ``metrics.csv``, optional TensorBoard, loss spikes.
+
+``metrics.jsonl`` holds one JSON object per line, each with ``kind`` and ``step``:
+
+- ``train``: step, tokens, loss, lr, grad_norm, tokens_per_s, elapsed_s, spikes (count so
+  far), skipped_steps (count so far);
+- ``eval``: step, tokens, val_loss, val_ppl, elapsed_s and the eval hook's metrics;
+- ``diverged``: step, loss, reason; ``resume``: step, the fields that changed.
+
+``metrics.csv`` has one row per step (train and eval values side by side), rewritten from
+the records at every checkpoint and at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterable
+
+from gatedattn.io import atomic_write_text
+
+JSONL = "metrics.jsonl"
+CSV = "metrics.csv"
+TB_DIR = "tensorboard"
+CSV_FIRST = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "spikes",
+             "skipped_steps", "val_loss", "val_ppl")
+
+
+def _json_value(v: Any) -> Any:
+    """Non-finite floats as strings ("nan", "inf"), which JSON cannot hold."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``; a torn last line (crash mid-write) is dropped."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "step" in rec:
+            records.append(rec)
+    return records
+
+
+class MetricsLog:
+    """Writes the records of one run (rank 0 only). ``keep_until`` (resume) keeps the
+    records of steps up to the checkpoint and drops the rest, so no step is duplicated."""
+
+    def __init__(self, run_dir: Path, *, keep_until: int | None, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / JSONL
+        old = read_records(self.path) if keep_until is not None else []
+        self.records = [r for r in old if r["step"] <= keep_until] if keep_until is not None else []
+        atomic_write_text(self.path, "".join(self._line(r) for r in self.records))
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tb = self._open_tensorboard(keep_until) if tensorboard else None
+
+    def _open_tensorboard(self, keep_until: int | None):
+        """A SummaryWriter in ``tensorboard/`` when tensorboard is installed (else None);
+        on resume it purges the events of steps after the checkpoint."""
+        try:
+            import tensorboard  # noqa: F401  (SummaryWriter needs it)
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception:
+            return None
+        return SummaryWriter(str(self.run_dir / TB_DIR), purge_step=None if keep_until is None else keep_until + 1)
+
+    @staticmethod
+    def _line(rec: dict[str, Any]) -> str:
+        return json.dumps({k: _json_value(v) for k, v in rec.items()}) + "\n"
+
+    def log(self, rec: dict[str, Any]) -> None:
+        self.records.append(rec)
+        self._file.write(self._line(rec))
+        self._file.flush()
+        if self._tb is not None and rec.get("kind") in ("train", "eval"):
+            prefix = rec["kind"]
+            for k, v in rec.items():
+                if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"{prefix}/{k}", v, rec["step"])
+
+    def write_csv(self) -> None:
+        rows: dict[int, dict[str, Any]] = {}
+        for rec in self.records:
+            if rec.get("kind") in ("train", "eval"):
+                row = rows.setdefault(rec["step"], {})
+                for k, v in rec.items():
+                    if k != "kind":
+                        row.setdefault(k, v)  # a step's train values first, then its eval's
+        keys = list(CSV_FIRST) + sorted({k for r in rows.values() for k in r} - set(CSV_FIRST))
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+        writer.writeheader()
+        for step in sorted(rows):
+            writer.writerow(rows[step])
+        atomic_write_text(self.run_dir / CSV, buf.getvalue())
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class SpikeTracker:
+    """Online version of :func:`gatedattn.analysis.loss_spikes` (relative margin): a loss is
+    a spike when it is non-finite or above ``m + margin * |m|``, ``m`` the median of the
+    finite losses among the previous ``window`` steps."""
+
+    def __init__(self, window: int, margin: float, history: Iterable[float] = ()):
+        self.margin = margin
+        self.recent: deque[float] = deque(history, maxlen=window)
+
+    def update(self, loss: float) -> bool:
+        finite = [x for x in self.recent if math.isfinite(x)]
+        if finite:
+            median = statistics.median(finite)
+            spike = not math.isfinite(loss) or loss > median + self.margin * abs(median)
+        else:
+            spike = not math.isfinite(loss)
+        self.recent.append(loss)
+        return spike

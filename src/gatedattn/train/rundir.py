@@ -1,0 +1,155 @@
+"""The run directory: what a run records about itself, and whether a directory can take it.
+
+``config.json`` holds the resolved ``TrainConfig``, ``ModelConfig``, world size, batch
+geometry and a fingerprint of the data (vocabulary and the manifest's checksums);
+``code_version`` the git commit of the source tree (if it is a checkout) with a dirty
+flag and the gatedattn version, as JSON; ``env.json`` the software and machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gatedattn.errors import GatedAttnError
+from gatedattn.io import atomic_write_json
+from gatedattn.train.config import RESUMABLE_FIELDS, config_diff, lookup
+
+CONFIG = "config.json"
+CODE_VERSION = "code_version"
+ENV = "env.json"
+SUMMARY = "summary.json"
+FINAL = "final"
+
+
+def data_fingerprint(data) -> dict[str, Any]:
+    """What identifies a data directory's contents (not its path)."""
+    m = data.manifest
+    return {"vocab_size": m.vocab_size, "bos_id": m.bos_id, "eos_id": m.eos_id,
+            "train_tokens": m.train.tokens, "train_sha256": m.train.sha256,
+            "val_tokens": m.val.tokens, "val_sha256": m.val.sha256}
+
+
+def run_identity(cfg, model_cfg, world_size: int, data) -> dict[str, Any]:
+    return {
+        "train": cfg.to_dict(),
+        "model": model_cfg.to_dict(),
+        "world_size": world_size,
+        "global_batch": cfg.global_batch(world_size),
+        "tokens_per_step": cfg.tokens_per_step(world_size),
+        "total_steps": cfg.total_steps(world_size),
+        "data": data_fingerprint(data),
+    }
+
+
+def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: frozenset[str]) -> str | None:
+    """``"train.lr: 0.001 there, 0.003 here"`` for the first differing field (TrainConfig
+    fields first, then the resolved model, the data, the world size), else None.
+    ``ignore_train`` names TrainConfig fields allowed to differ."""
+    old_t = {k: v for k, v in (old.get("train") or {}).items() if k not in ignore_train}
+    new_t = {k: v for k, v in new["train"].items() if k not in ignore_train}
+    key = config_diff({"train": old_t}, {"train": new_t})
+    for part in ("model", "data", "world_size"):
+        if key is None:
+            key = config_diff({part: old.get(part)}, {part: new.get(part)})
+    if key is None:
+        return None
+    return f"{'.'.join(key)}: {lookup(old, key)!r} there, {lookup(new, key)!r} here"
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise GatedAttnError(f"{path}: expected a JSON object")
+    return data
+
+
+def check_new_run(out: Path, identity: dict[str, Any]) -> None:
+    """Without ``resume``: ``out`` must be absent, empty, or not yet hold a run."""
+    if out.exists() and not out.is_dir():
+        raise GatedAttnError(f"--out {out} exists and is not a directory")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    cfg_path = out / CONFIG
+    if not cfg_path.is_file():
+        raise GatedAttnError(f"--out {out} is not empty and holds no run ({CONFIG} is missing); choose a new or empty directory")
+    diff = first_difference(read_json(cfg_path), identity, RESUMABLE_FIELDS)
+    if diff is not None:
+        raise GatedAttnError(f"--out {out} holds a run with a different config ({diff}); choose another --out")
+    raise GatedAttnError(f"--out {out} already holds this run; pass --resume to continue it, or choose another --out")
+
+
+def check_resume(out: Path, identity: dict[str, Any], ckpt_info: dict[str, Any] | None) -> None:
+    """With ``resume``: the checkpoint (or, before the first one, the recorded config)
+    must describe the same run up to :data:`RESUMABLE_FIELDS`."""
+    if out.exists() and not out.is_dir():
+        raise GatedAttnError(f"--out {out} exists and is not a directory")
+    if ckpt_info is not None:
+        old, what = ckpt_info.get("run") or {}, f"checkpoint step {ckpt_info.get('step')}"
+    elif (out / CONFIG).is_file():
+        old, what = read_json(out / CONFIG), CONFIG
+    else:
+        if out.is_dir() and any(out.iterdir()):
+            raise GatedAttnError(f"--out {out} is not empty and holds no run ({CONFIG} is missing); nothing to resume")
+        return
+    diff = first_difference(old, identity, RESUMABLE_FIELDS)
+    if diff is not None:
+        raise GatedAttnError(f"cannot resume {out}: its {what} has a different config ({diff})")
+
+
+def code_version() -> dict[str, Any]:
+    """Git commit and dirty flag of the source tree gatedattn was imported from (None when
+    it is not a git checkout), and the gatedattn version."""
+    import gatedattn
+
+    src = Path(gatedattn.__file__).resolve().parent
+    commit, dirty = None, None
+    try:
+        out = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            commit = out.stdout.strip()
+            st = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
+            dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"git_commit": commit, "git_dirty": dirty, "gatedattn_version": getattr(gatedattn, "__version__", None)}
+
+
+def environment(device: torch.device, world_size: int) -> dict[str, Any]:
+    env = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+        "world_size": world_size,
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def write_run_files(out: Path, identity: dict[str, Any], device: torch.device, world_size: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / CONFIG, identity)
+    atomic_write_json(out / CODE_VERSION, code_version())
+    atomic_write_json(out / ENV, environment(device, world_size))

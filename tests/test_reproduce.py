@@ -1,0 +1,58 @@
+"""The main job end to end: `gatedattn reproduce --quick` on the bundled corpus."""
+
+import json
+
+import pytest
+
+from gatedattn.cli import main
+from gatedattn.errors import ConfigError
+from gatedattn.reproduce import ReproduceConfig
+
+
+@pytest.mark.slow
+def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "report"
+    assert main(["reproduce", "--quick", "--out", str(out), "-q"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["variants"]) == {"baseline", "gated"}
+    for variant, summary in results["summary"].items():
+        assert summary["val_loss"]["mean"] > 0 and summary["f_attn"]["mean"] >= 0
+        run = results["variants"][variant]["runs"][0]
+        assert run["steps"] == 40 and len(run["analysis"]["f_attn_per_layer"]) == 4
+        assert run["over_training"]["f_attn"], "sink metrics recorded during training"
+        assert run["extrapolation"]["lengths"] == [128, 256]
+    assert results["summary"]["gated"]["gate_mean"]["mean"] is not None
+    assert results["summary"]["baseline"]["gate_mean"] is None
+    report = (out / "report.md").read_text()
+    for png in ("val_loss", "train_loss", "f_attn_per_layer", "m_act_per_layer", "gate_histograms",
+                "attention_maps", "f_attn_over_training", "m_act_over_training", "extrapolation"):
+        assert (out / f"{png}.png").stat().st_size > 1000
+        assert f"({png}.png)" in report
+    assert report.count("| Gated Attention |") >= 8 and "| HyGA |" in report
+    assert all(c["verdict"] in ("held", "did not hold", "not measurable") for c in results["claims"])
+    # a second call reuses the finished runs (resume) and rewrites the same numbers
+    before = results["summary"]["gated"]["val_loss"]
+    assert main(["reproduce", "--quick", "--out", str(out), "-q"]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["summary"]["gated"]["val_loss"] == before
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(variants=("baseline", "gatd")), "unknown variant 'gatd'"),
+    (dict(variants=()), "variants is empty"),
+    (dict(study="width"), r"study='width'.*main, lr"),
+    (dict(preset="huge"), r"preset='huge'"),
+    (dict(seeds=0), r"seeds=0 must be > 0"),
+    (dict(multiples=(0, 2)), r"multiples"),
+    (dict(dtype="fp8"), r"dtype"),
+])
+def test_bad_reproduce_config(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        ReproduceConfig(**fields)
+
+
+def test_cli_bad_variant_is_one_line(capsys):
+    assert main(["reproduce", "--variants", "baseline,nope", "--quick"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "unknown variant 'nope'" in err
