@@ -167,21 +167,21 @@ def code_version() -> str:
     return f"commit {commit}{' + local changes' if dirty else ''}" if commit else "unknown commit"
 
 
-def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int = 3) -> float:
+def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int = 4, warmup: int = 2) -> float:
     """Seconds per training step (forward, backward, AdamW) of ``variant`` here."""
     tcfg = cfg.train_config(variant, 0, steps=10, out_dir="unused")
     model = GatedLM(tcfg.model_config(data.vocab_size, data.bos_id, data.eos_id))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = data.train_batch(0, range(cfg.micro_batch), global_batch=cfg.micro_batch, seq_len=cfg.seq_len, seed=0)
     times = []
-    for i in range(repeats + 1):
+    for i in range(warmup + repeats):
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
             loss = model.loss(batch)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if i:
+        if i >= warmup:
             times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
 
