@@ -1,11 +1,10 @@
 """The attention layer: every preset, every KV layout, fast path against reference."""
 
-import copy
 
 import pytest
 import torch
 
-from gatedattn import VARIANTS, Attention, AttentionConfig, GateConfig, KVCache, MLAConfig
+from gatedattn import VARIANTS, Attention, AttentionConfig, KVCache, MLAConfig
 
 D_MODEL, HEADS = 32, 4
 LAYOUTS = {

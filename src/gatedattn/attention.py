@@ -97,7 +97,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: AttentionConfig):
         super().__init__()
         self.cfg = cfg
-        H, Hkv = cfg.n_heads, cfg.n_kv_heads
+        H = cfg.n_heads
         self.qkv = MLAProjection(cfg) if cfg.kv == "mla" else GQAProjection(cfg)
         self.o_proj = nn.Linear(H * cfg.v_dim, cfg.d_model, bias=cfg.o_bias)
         if cfg.qk_norm:

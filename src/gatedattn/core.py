@@ -6,7 +6,6 @@ attention probabilities through a forward hook on ``ProbeCore.probs``.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from gatedattn.ops import attention_flash_lse, attention_reference, attention_sdpa

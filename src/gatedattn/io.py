@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -50,3 +51,46 @@ def atomic_save_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Te
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON object from ``path``; a missing file, bad JSON or a non-object is a
+    ``GatedAttnError`` naming the file."""
+    from gatedattn.errors import GatedAttnError
+
+    path = Path(path)
+    if not path.is_file():
+        raise GatedAttnError(f"{path} is missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise GatedAttnError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def temp_dir_beside(target: str | os.PathLike) -> Path:
+    """A new, empty hidden directory next to ``target`` (same filesystem, so a rename
+    into place is atomic)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+
+
+def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Rename the finished directory ``new`` to ``target``. An existing ``target`` is
+    moved aside first, put back if the rename fails, and removed after it succeeds."""
+    new, target = Path(new), Path(target)
+    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        os.replace(new, target)
+        return
+    aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old"))
+    os.replace(target, aside / "dir")
+    try:
+        os.replace(new, target)
+    except BaseException:
+        os.replace(aside / "dir", target)
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)

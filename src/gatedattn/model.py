@@ -8,9 +8,8 @@ The attention of every block is ``gatedattn.Attention`` built from one
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.errors import ConfigError, GatedAttnError
 from gatedattn.gates import PerHeadLinear, XLogits
-from gatedattn.io import atomic_save_safetensors, atomic_write_json
+from gatedattn.io import atomic_save_safetensors, atomic_write_json, read_json_object
 from gatedattn.norm import RMSNorm
 from gatedattn.variants import get_variant
 
@@ -269,10 +268,7 @@ def load_model_config(directory: Path) -> ModelConfig:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise GatedAttnError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
+    data = read_json_object(path)
     model_type = data.get("model_type")
     if model_type != MODEL_TYPE:
         raise GatedAttnError(

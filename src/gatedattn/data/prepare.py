@@ -28,7 +28,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from tqdm import tqdm
 
 from gatedattn.data.corpus import Corpus, Document, load_corpus
 from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo
+from gatedattn.io import replace_dir
 from gatedattn.errors import GatedAttnError
 
 BOS_TOKEN = "<|bos|>"
@@ -209,17 +209,7 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
 def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
     """Rename the finished ``tmp`` directory to ``out``, replacing ``out`` if allowed."""
     _check_out_dir(out, overwrite)
-    if out.is_dir() and any(out.iterdir()):
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            os.rename(old, out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)  # out is absent or an empty directory
+    replace_dir(tmp, out)
 
 
 # --------------------------------------------------------------------------- prepare

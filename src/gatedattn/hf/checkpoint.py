@@ -10,29 +10,17 @@ tensor its shard lacks) is a ``GatedAttnError`` naming the file or the tensor.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gatedattn.errors import GatedAttnError
+from gatedattn.io import read_json_object
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise GatedAttnError(f"{path} is missing")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise GatedAttnError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -41,7 +29,7 @@ def read_config(directory: Path) -> dict[str, Any]:
         raise GatedAttnError(f"{directory} is not a directory")
     if not (directory / CONFIG_FILE).is_file():
         raise GatedAttnError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")
-    return read_json(directory / CONFIG_FILE)
+    return read_json_object(directory / CONFIG_FILE)
 
 
 class TensorSource:
@@ -83,7 +71,7 @@ class TensorSource:
             return list(f.keys())
 
     def _from_index(self, index: Path) -> dict[str, Path]:
-        weight_map = read_json(index).get("weight_map")
+        weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise GatedAttnError(f"{index} has no 'weight_map' object")
         file_of: dict[str, Path] = {}

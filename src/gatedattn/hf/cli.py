@@ -8,7 +8,6 @@ and writes gatedattn's format or a stock transformers checkpoint, atomically.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 
 from gatedattn.errors import GatedAttnError
+from gatedattn.io import replace_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -125,27 +125,11 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
         for name in extra:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-        _replace_dir(tmp, dst)
+        replace_dir(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dst
-
-
-def _replace_dir(new: Path, dst: Path) -> None:
-    """Rename ``new`` to ``dst``; an existing ``dst`` is moved aside first and removed after."""
-    if not dst.exists():
-        os.replace(new, dst)
-        return
-    old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".old"))
-    os.replace(dst, old / "dir")
-    try:
-        os.replace(new, dst)
-    except BaseException:
-        os.replace(old / "dir", dst)
-        raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _convert(args: argparse.Namespace) -> int:

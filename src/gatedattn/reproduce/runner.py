@@ -32,7 +32,7 @@ from gatedattn.analysis.analyze import analyze, extrapolate
 from gatedattn.analysis.metrics import mean_std
 from gatedattn.cost import cost
 from gatedattn.data import TokenData, prepare
-from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.errors import ConfigError
 from gatedattn.io import atomic_write_json
 from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.reproduce.claims import judge_all

@@ -18,11 +18,9 @@ pointing at a complete checkpoint.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,14 @@ import numpy as np
 import torch
 
 from gatedattn.errors import GatedAttnError
-from gatedattn.io import atomic_save_safetensors, atomic_torch_save, atomic_write_json, atomic_write_text
+from gatedattn.io import (
+    atomic_save_safetensors,
+    atomic_torch_save,
+    atomic_write_json,
+    atomic_write_text,
+    replace_dir,
+    temp_dir_beside,
+)
 from gatedattn.model import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
 
 CKPT_DIR = "checkpoints"
@@ -78,28 +83,6 @@ def write_model_dir(directory: Path, state: dict[str, torch.Tensor], cfg: ModelC
         state.pop("lm_head.weight", None)
     atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
     atomic_write_json(directory / CONFIG_FILE, cfg.to_dict())
-
-
-def replace_dir(tmp: Path, target: Path) -> None:
-    """Rename the finished directory ``tmp`` to ``target``, replacing an existing one."""
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(target, old)
-        try:
-            os.rename(tmp, target)
-        except BaseException:
-            os.rename(old, target)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, target)
-
-
-def temp_dir_beside(target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
-    tmp.mkdir()
-    return tmp
 
 
 # ---------------------------------------------------------------------------- save / find / load

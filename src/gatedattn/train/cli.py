@@ -131,18 +131,11 @@ def _common(p) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gatedattn.train.cli {train,sweep} ...`` (same behaviour as ``gatedattn``)."""
-    parser = argparse.ArgumentParser(prog="gatedattn", description="Training and sweeps.")
-    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (GatedAttnError, ValueError, FileNotFoundError) as e:
-        print(f"gatedattn {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"gatedattn {args.command}: interrupted", file=sys.stderr)
-        return 130
+    """``python -m gatedattn.train.cli train ...``, the same as ``gatedattn train ...``
+    (a module path for ``torchrun -m``)."""
+    from gatedattn.cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

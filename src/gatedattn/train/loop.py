@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from gatedattn.data import TokenData
 from gatedattn.errors import GatedAttnError
-from gatedattn.io import atomic_write_json
+from gatedattn.io import atomic_write_json, replace_dir, temp_dir_beside
 from gatedattn.model import GatedLM, ModelConfig, check_state_dict
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
@@ -395,11 +395,11 @@ def _run(cfg, eval_hook, env, data, model_cfg, plan, log, total, end, global_bat
 def _write_final(out: Path, mstate: dict[str, torch.Tensor], model_cfg: ModelConfig, data: TokenData) -> Path:
     """``final/``: GatedLM.save_pretrained format plus the data's tokenizer.json, atomically."""
     target = out / rundir.FINAL
-    tmp = ckpt_mod.temp_dir_beside(target)
+    tmp = temp_dir_beside(target)
     try:
         ckpt_mod.write_model_dir(tmp, mstate, model_cfg)
         shutil.copyfile(data.data_dir / data.manifest.tokenizer_file, tmp / "tokenizer.json")
-        ckpt_mod.replace_dir(tmp, target)
+        replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -8,7 +8,6 @@ flag and the gatedattn version, as JSON; ``env.json`` the software and machine.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import socket
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from gatedattn.errors import GatedAttnError
+from gatedattn.io import read_json_object
 from gatedattn.io import atomic_write_json
 from gatedattn.train.config import RESUMABLE_FIELDS, config_diff, lookup
 
@@ -67,16 +67,6 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: fro
     return f"{'.'.join(key)}: {lookup(old, key)!r} there, {lookup(new, key)!r} here"
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise GatedAttnError(f"{path}: expected a JSON object")
-    return data
-
-
 def check_new_run(out: Path, identity: dict[str, Any]) -> None:
     """Without ``resume``: ``out`` must be absent, empty, or not yet hold a run."""
     if out.exists() and not out.is_dir():
@@ -86,7 +76,7 @@ def check_new_run(out: Path, identity: dict[str, Any]) -> None:
     cfg_path = out / CONFIG
     if not cfg_path.is_file():
         raise GatedAttnError(f"--out {out} is not empty and holds no run ({CONFIG} is missing); choose a new or empty directory")
-    diff = first_difference(read_json(cfg_path), identity, RESUMABLE_FIELDS)
+    diff = first_difference(read_json_object(cfg_path), identity, RESUMABLE_FIELDS)
     if diff is not None:
         raise GatedAttnError(f"--out {out} holds a run with a different config ({diff}); choose another --out")
     raise GatedAttnError(f"--out {out} already holds this run; pass --resume to continue it, or choose another --out")
@@ -100,7 +90,7 @@ def check_resume(out: Path, identity: dict[str, Any], ckpt_info: dict[str, Any] 
     if ckpt_info is not None:
         old, what = ckpt_info.get("run") or {}, f"checkpoint step {ckpt_info.get('step')}"
     elif (out / CONFIG).is_file():
-        old, what = read_json(out / CONFIG), CONFIG
+        old, what = read_json_object(out / CONFIG), CONFIG
     else:
         if out.is_dir() and any(out.iterdir()):
             raise GatedAttnError(f"--out {out} is not empty and holds no run ({CONFIG} is missing); nothing to resume")
