@@ -35,7 +35,12 @@ def test_difference_beyond_seed_noise():
 
 def test_ratio_claims_need_the_factor():
     r = results(baseline={"f_attn": stat(0.10)}, gated={"f_attn": stat(0.09)})
+    weak = compare(r, "gated", "baseline", "f_attn", min_ratio=0.5)
+    assert weak.status == NOT_MEASURABLE and "not by the 50 %" in weak.measured
+    r = results(baseline={"f_attn": stat(0.10)}, gated={"f_attn": stat(0.12)})
     assert compare(r, "gated", "baseline", "f_attn", min_ratio=0.5).status == NOT_HELD
+    r = results(baseline={"sink_eps": stat(0.0)}, gated={"sink_eps": stat(0.0)})
+    assert compare(r, "gated", "baseline", "sink_eps").status == NOT_MEASURABLE
     r = results(baseline={"f_attn": stat(0.10)}, gated={"f_attn": stat(0.04)})
     assert compare(r, "gated", "baseline", "f_attn", min_ratio=0.5).status == HELD
 
@@ -52,7 +57,7 @@ def test_every_claim_judges_a_full_result():
                   "gate_mean": stat(0.2), "gate_frac_below_0.01": stat(0.1), "tokens_per_s": stat(900.0),
                   "ext_yarn_longest": stat(5.0)},
     }
-    rows = judge_all({"summary": summary, "gate_cost": {}})
+    rows = judge_all({"summary": summary, "gate_cost": {}, "step_time": {"baseline": 1.0, "gated": 1.11}})
     by = {r["key"]: r["verdict"] for r in rows}
     assert by["ga-loss"] == by["ga-sink"] == by["ga-mact"] == by["ga-sparse"] == by["ga-extrapolation"] == HELD
     assert by["ga-overhead"] == NOT_HELD  # 11 % slower

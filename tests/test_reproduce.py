@@ -24,6 +24,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
         assert run["extrapolation"]["lengths"] == [128, 256]
     assert results["summary"]["gated"]["gate_mean"]["mean"] is not None
     assert results["summary"]["baseline"]["gate_mean"] is None
+    assert set(results["step_time"]) == {"baseline", "gated"} and all(t > 0 for t in results["step_time"].values())
     report = (out / "report.md").read_text()
     for png in ("val_loss", "train_loss", "f_attn_per_layer", "m_act_per_layer", "gate_histograms",
                 "attention_maps", "f_attn_over_training", "m_act_over_training", "extrapolation"):
@@ -46,10 +47,31 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     (dict(seeds=0), r"seeds=0 must be > 0"),
     (dict(multiples=(0, 2)), r"multiples"),
     (dict(dtype="fp8"), r"dtype"),
+    (dict(steps=None), r"exactly one of steps and budget_minutes"),
+    (dict(steps=100, budget_minutes=5.0), r"exactly one of steps and budget_minutes"),
 ])
 def test_bad_reproduce_config(fields, match):
     with pytest.raises(ConfigError, match=match):
         ReproduceConfig(**fields)
+
+
+def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
+    from gatedattn.data import prepare
+    from gatedattn.data import TokenData
+    from gatedattn.reproduce import runner
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(6):
+        (docs / f"{i}.txt").write_text(f"Document {i}. " + "The cat sat on the mat. " * 80)
+    prepare([docs], tmp_path / "data", vocab_size=300, progress=False)
+    cfg = ReproduceConfig.quick(steps=None, budget_minutes=1.0, variants=("baseline", "gated"), preset="micro")
+    monkeypatch.setattr(runner, "time_step", lambda c, v, d: {"baseline": 0.1, "gated": 0.2}[v])
+    steps, timed = runner.plan_steps(cfg, TokenData(tmp_path / "data"), 1)
+    assert timed == {"baseline": 0.1, "gated": 0.2}
+    assert steps == 160  # 60 s * 0.8 / (0.1 + 0.2) s, rounded down to tens
+    fixed = ReproduceConfig.quick()
+    assert runner.plan_steps(fixed, TokenData(tmp_path / "data"), 1) == (40, {})
 
 
 def test_cli_bad_variant_is_one_line(capsys):

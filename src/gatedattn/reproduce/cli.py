@@ -53,6 +53,8 @@ def _run(args: argparse.Namespace) -> int:
         "multiples": args.multiples, "study": args.study, "progress": not args.quiet,
     }
     given = {k: v for k, v in given.items() if v is not None}
+    if args.budget_minutes is not None and args.steps is None:
+        given["steps"] = None  # the budget decides the steps
     if args.set:
         given["train_overrides"] = _sets(args.set)
     cfg = ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
@@ -67,8 +69,8 @@ def register(sub) -> None:
                        description="Train each variant on the same data, in the same order, for the same tokens; "
                                    "analyse each; write report.md, plots and results.json.")
     p.add_argument("--variants", type=_names, help="comma-separated presets (default baseline,gated)")
-    p.add_argument("--budget-minutes", type=float, help="wall-clock budget; sets the steps per run (default 20)")
-    p.add_argument("--steps", type=int, help="training steps per run (overrides --budget-minutes)")
+    p.add_argument("--budget-minutes", type=float, help="wall-clock budget: time each variant here and fit the steps to it")
+    p.add_argument("--steps", type=int, help="training steps per run (default 700; --quick 40)")
     p.add_argument("--seeds", type=int, help="seeds per variant (default 1); with 2+ the report tests seed noise")
     p.add_argument("--data", help="prepared data directory (default: the bundled corpus, prepared once)")
     p.add_argument("--out", help="output directory (default runs/reproduce)")

@@ -19,7 +19,7 @@ SUMMARY_COLUMNS = [
     ("m_act_ratio", "M-Act / median", 0),
     ("gate_mean", "gate mean", 3),
     ("gate_frac_below_0.01", "gate < 0.01", 3),
-    ("tokens_per_s", "tokens/s", 0),
+    ("tokens_per_s", "train tokens/s", 0),
 ]
 
 
@@ -145,6 +145,10 @@ def write_report(results: dict, out: str | Path) -> Path:
     for v in variants:
         s = results["summary"][v]
         lines.append(f"| `{v}` | " + " | ".join(_cell(s.get(k), d) for k, _, d in SUMMARY_COLUMNS) + " |")
+    timing = results.get("step_time") or {}
+    if timing:
+        lines += ["", "Training step (forward, backward, AdamW; " + f"{results['config']['micro_batch']}×{results['config']['seq_len']} tokens), "
+                  "timed back to back after training: " + ", ".join(f"`{v}` {1000 * t:.0f} ms" for v, t in timing.items()) + "."]
     lines += ["", "F-Attn: attention on token 0 (the BOS), averaged over heads, queries 1..T-1 and layers. "
               "Sink^ε: fraction of (layer, head) pairs whose mean attention on token 0 exceeds 0.3. "
               "M-Act: largest |activation| of the residual stream over layers.", ""]
