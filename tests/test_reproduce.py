@@ -78,3 +78,18 @@ def test_cli_bad_variant_is_one_line(capsys):
     assert main(["reproduce", "--variants", "baseline,nope", "--quick"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "unknown variant 'nope'" in err
+
+
+@pytest.mark.slow
+def test_lr_study_records_divergence(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "lr"
+    # 3.0 is far past stability for AdamW: at least one run must diverge and be reported
+    assert main(["reproduce", "--quick", "--study", "lr", "--lrs", "1e-3,3.0", "--steps", "20", "--out", str(out), "-q"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    runs = results["lr_study"]["runs"]
+    assert {(r["variant"], r["lr"]) for r in runs} == {(v, lr) for v in ("baseline", "gated") for lr in (1e-3, 3.0)}
+    assert not any(r["diverged"] for r in runs if r["lr"] == 1e-3)
+    assert any(r["diverged"] for r in runs if r["lr"] == 3.0)
+    report = (out / "report.md").read_text()
+    assert "| `baseline` | 3 |" in report and "Gating keeps training stable" in report

@@ -549,6 +549,18 @@ def test_compiled_model_trains_like_eager(data_dir, tmp_path):
     assert (tmp_path / "compiled" / "final" / "model.safetensors").is_file()
 
 
+def test_tensorboard_event_files_hold_the_losses(data_dir, tmp_path):
+    pytest.importorskip("tensorboard")  # a dependency: installed by scripts/setup.sh
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = train(make_cfg(data_dir, tmp_path / "tb", steps=3, tensorboard=True))
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert losses == pytest.approx(result.losses, rel=1e-6)
+    assert [e.step for e in events.Scalars("eval/val_loss")][0] == 0
+
+
 def test_tensorboard_scalars_when_installed(data_dir, tmp_path, monkeypatch):
     import types
 
