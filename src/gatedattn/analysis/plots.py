@@ -178,6 +178,38 @@ def plot_loss_curves(
 # --------------------------------------------------------------------------- per layer / over training
 
 
+def _lines(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: PathLike,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    log: bool,
+    figsize: tuple[float, float],
+    marker_size: float,
+    tokens_axis: bool,
+) -> Path:
+    """One line per variant from (x, y) pairs, in the variant's colour."""
+    assign_colors(series)
+    fig = _figure(figsize)
+    ax = fig.add_subplot()
+    for name, (xs, ys) in series.items():
+        ys = np.asarray(ys, dtype=np.float64)
+        marker = _marker(len(ys)) if tokens_axis else "o"
+        ax.plot(np.asarray(xs, dtype=np.float64), ys, color=variant_color(name), label=name, marker=marker, ms=marker_size)
+    if log:
+        _log_y(ax)
+    if tokens_axis:
+        ax.xaxis.set_major_formatter(EngFormatter())
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return _save(fig, path)
+
+
 def plot_per_layer(
     values: Mapping[str, Sequence[float]],
     path: PathLike,
@@ -188,19 +220,9 @@ def plot_per_layer(
 ) -> Path:
     """One value per layer per variant (e.g. F-Attn or M-Act per layer); x is the layer index."""
     _require(values, "plot_per_layer")
-    assign_colors(values)
-    fig = _figure(figsize)
-    ax = fig.add_subplot()
-    for name, ys in values.items():
-        ys = np.asarray(ys, dtype=np.float64)
-        ax.plot(np.arange(len(ys)), ys, color=variant_color(name), label=name, marker="o", ms=3.5)
-    if log:
-        _log_y(ax)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="layer", ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _save(fig, path)
+    series = {name: (range(len(ys)), ys) for name, ys in values.items()}
+    return _lines(series, path, xlabel="layer", ylabel=ylabel, title=title, log=log, figsize=figsize,
+                  marker_size=3.5, tokens_axis=False)
 
 
 def plot_over_training(
@@ -213,20 +235,9 @@ def plot_over_training(
 ) -> Path:
     """A metric vs tokens seen per variant; series: variant -> dict(tokens=[...], value=[...])."""
     _require(series, "plot_over_training")
-    assign_colors(series)
-    fig = _figure(figsize)
-    ax = fig.add_subplot()
-    for name, s in series.items():
-        tokens = np.asarray(s["tokens"], dtype=np.float64)
-        ys = np.asarray(s["value"], dtype=np.float64)
-        ax.plot(tokens, ys, color=variant_color(name), label=name, marker=_marker(len(ys)), ms=3)
-    if log:
-        _log_y(ax)
-    ax.xaxis.set_major_formatter(EngFormatter())
-    ax.set(xlabel="tokens seen", ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _save(fig, path)
+    pairs = {name: (s["tokens"], s["value"]) for name, s in series.items()}
+    return _lines(pairs, path, xlabel="tokens seen", ylabel=ylabel, title=title, log=log, figsize=figsize,
+                  marker_size=3, tokens_axis=True)
 
 
 # --------------------------------------------------------------------------- gates

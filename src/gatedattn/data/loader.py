@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from gatedattn.errors import GatedAttnError
+from gatedattn.io import read_json_object
 
 FORMAT = "gatedattn-tokens"
 FORMAT_VERSION = 1
@@ -129,11 +130,7 @@ class Manifest:
         path = Path(path)
         if not path.is_file():
             raise GatedAttnError(f"{path}: missing (not a prepared data directory? run `gatedattn data prepare`)")
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise GatedAttnError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(d, str(path))
+        return cls.from_dict(read_json_object(path), str(path))
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
