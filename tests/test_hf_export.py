@@ -188,3 +188,17 @@ def test_retrofit_refusals(qwen3_dir):
         add_gates(model, "hyga")
     with pytest.raises(GatedAttnError, match="gate"):
         export_hf(model, "/nonexistent/never-written")
+
+
+def test_hf_config_mirrors_every_model_config_field():
+    """GatedAttnHFConfig restates ModelConfig's fields for transformers; they must not drift."""
+    import dataclasses
+
+    from gatedattn.hf.auto import GatedAttnHFConfig
+    from gatedattn.model import GatedLM, ModelConfig
+
+    cfg = ModelConfig.from_preset("micro", "hyga-sink", vocab_size=50, bos_token_id=1, eos_token_id=2)
+    for f in dataclasses.fields(ModelConfig):
+        assert hasattr(GatedAttnHFConfig(), f.name), f.name
+    assert GatedAttnHFConfig.from_model_config(cfg).to_model_config() == cfg
+    GatedLM(cfg)  # the round-tripped config builds

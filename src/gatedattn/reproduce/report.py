@@ -8,7 +8,7 @@ from typing import Any
 
 from gatedattn.analysis import plots
 from gatedattn.io import atomic_write_text
-from gatedattn.reproduce.claims import judge_all
+from gatedattn.reproduce.claims import CLAIMS, judge_all
 
 SUMMARY_COLUMNS = [
     ("val_loss", "val loss", 4),
@@ -212,3 +212,15 @@ def _lr_table(study: dict[str, Any]) -> list[str]:
         loss_s = f"{loss:.3f}" if loss is not None and math.isfinite(loss) else str(loss)
         lines.append(f"| `{r['variant']}` | {r['lr']:g} | {loss_s} | {r.get('spikes', 0)} | {'yes' if r.get('diverged') else 'no'} |")
     return lines + [""]
+
+
+def write_lr_report(results: dict, out: str | Path) -> Path:
+    """``report.md`` for a learning-rate study alone (``--study lr``)."""
+    meta, study = results["meta"], results["lr_study"]
+    lines = ["# gatedattn learning-rate study", "", f"Command: `{meta['command']}`  ",
+             f"Machine: {meta['machine']}  ", f"Steps per run: {study['steps']}", ""]
+    lines += _lr_table(study)
+    claim = next(c for c in CLAIMS if c.key == "ga-stability")
+    verdict = claim.judge(results)
+    lines += [f"**{claim.statement}** (paper: {claim.paper}): {verdict.status} — {verdict.measured}", ""]
+    return atomic_write_text(Path(out) / "report.md", "\n".join(lines))

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from gatedattn import __version__
 from gatedattn.analysis.analyze import analyze, extrapolate
 from gatedattn.analysis.metrics import mean_std
 from gatedattn.cost import cost
@@ -36,7 +37,7 @@ from gatedattn.errors import ConfigError
 from gatedattn.io import atomic_write_json
 from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.reproduce.claims import judge_all
-from gatedattn.reproduce.report import write_report
+from gatedattn.reproduce.report import write_lr_report, write_report
 from gatedattn.train import TrainConfig, train
 from gatedattn.variants import VARIANTS
 
@@ -333,7 +334,7 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
         "machine": machine_description(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "gatedattn": _version(),
+        "gatedattn": __version__,
         "code_version": code_version(),
         "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": (time.time() - started) / 60,
@@ -346,7 +347,7 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     results["claims"] = judge_all(results) if results["variants"] else []
     atomic_write_json(out / "results.json", _json_safe(results))
     if not results["variants"]:
-        return _write_lr_only(results, out)
+        return write_lr_report(results, out)
     return write_report(results, out)
 
 
@@ -372,27 +373,6 @@ def lr_study(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -
             r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
             runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
     return {"steps": steps, "runs": runs}
-
-
-def _write_lr_only(results: dict[str, Any], out: Path) -> Path:
-    from gatedattn.reproduce.report import _lr_table
-
-    lines = ["# gatedattn learning-rate study", "", f"Command: `{results['meta']['command']}`  ",
-             f"Machine: {results['meta']['machine']}  ", f"Steps per run: {results['lr_study']['steps']}", ""]
-    lines += _lr_table(results["lr_study"])
-    from gatedattn.io import atomic_write_text
-    from gatedattn.reproduce.claims import CLAIMS
-
-    claim = next(c for c in CLAIMS if c.key == "ga-stability")
-    v = claim.judge(results)
-    lines += [f"**{claim.statement}** (paper: {claim.paper}): {v.status} — {v.measured}", ""]
-    return atomic_write_text(out / "report.md", "\n".join(lines))
-
-
-def _version() -> str:
-    from gatedattn import __version__
-
-    return __version__
 
 
 def _json_safe(obj: Any) -> Any:
