@@ -75,8 +75,9 @@ def test_export_rope_scaling(tmp_path, rope):
 ])
 def test_export_refuses_what_stock_transformers_cannot_express(tmp_path, variant, kw, message):
     model = micro(variant, **kw)
-    with pytest.raises(GatedAttnError, match=message):
-        export_hf(model, tmp_path / "hf")
+    with pytest.raises(GatedAttnError, match=message) as err:
+        export_hf(model, tmp_path / "hf", layout="stock")
+    assert "\n" not in str(err.value)
     assert not (tmp_path / "hf").exists()
 
 
