@@ -211,8 +211,9 @@ def hf_config_for(cfg: ModelConfig, layout: str | None = None):
     reason = target.why_not(cfg)
     if reason is not None:
         raise GatedAttnError(f"cannot export to the {target.name} layout: {reason}; save it in gatedattn format "
-                             f"instead; with its code (save_pretrained(dir, self_contained=True), or convert "
-                             f"--self-contained) transformers loads it with trust_remote_code=True")
+                             f"instead: AutoModelForCausalLM loads that after `import gatedattn`, or anywhere with "
+                             f"trust_remote_code=True once saved with save_pretrained(dir, self_contained=True) "
+                             f"(convert --self-contained)")
     try:
         hf, arch = target.config(cfg)
     except Exception as e:  # transformers' validation (e.g. hidden_size not divisible by heads)
