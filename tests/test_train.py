@@ -46,7 +46,7 @@ def data_dir(tmp_path_factory) -> Path:
 def make_cfg(data_dir, out, **kw) -> TrainConfig:
     base = dict(data_dir=str(data_dir), out_dir=str(out), preset="micro", variant="gated", seq_len=32,
                 micro_batch=4, steps=6, warmup_steps=2, lr=3e-3, eval_batches=1, eval_every=0, ckpt_every=0,
-                log_every=1, progress=False, tensorboard=False)
+                log_every=1, progress=False, tensorboard=False, dtype="fp32")
     return TrainConfig(**{**base, **kw})
 
 
@@ -415,7 +415,7 @@ def test_existing_or_incompatible_run_is_refused_untouched(data_dir, tmp_path, c
     before = snapshot(run)
     base = ["train", "--preset", "micro", "--data", str(data_dir), "--out", str(run), "--variant", "gated",
             "--set", "seq_len=32", "--set", "micro_batch=4", "--set", "steps=4", "--set", "warmup_steps=2",
-            "--set", "lr=3e-3", "--set", "eval_batches=1", "--set", "progress=false"]
+            "--set", "lr=3e-3", "--set", "eval_batches=1", "--set", "progress=false", "--set", "dtype=fp32"]
     for extra, message in [
         (["--set", "lr=1e-2"], "holds a run with a different config (train.lr: 0.003 there, 0.01 here)"),
         ([], "already holds this run; pass --resume"),
@@ -504,7 +504,7 @@ def _torchrun(args: list[str], timeout: int = 240) -> subprocess.CompletedProces
 def _dist_argv(data_dir, out, *sets):
     argv = ["train", "--variant", "hyga-sink", "--preset", "micro", "--data", str(data_dir), "--out", str(out)]
     for s in ("seq_len=32", "micro_batch=4", "steps=4", "warmup_steps=1", "lr=3e-3", "eval_every=2", "eval_batches=2",
-              "ckpt_every=2", "log_every=1", "progress=false", *sets):
+              "ckpt_every=2", "log_every=1", "progress=false", "dtype=fp32", *sets):
         argv += ["--set", s]
     return argv
 

@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from gatedattn.errors import ConfigError
+from gatedattn.precision import DTYPES
 from gatedattn.reproduce.runner import ReproduceConfig, reproduce
 
 
@@ -79,7 +80,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     p.add_argument("--lrs", type=_floats, help="learning-rate ladder for --study lr")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), help="default bf16 autocast")
+    p.add_argument("--dtype", choices=DTYPES,
+                   help="auto (default): bf16 autocast where the device computes bf16 natively, else fp32")
     p.add_argument("--multiples", type=_ints, help="extrapolation lengths as multiples of the context (default 1,2,4,8)")
     p.add_argument("--study", choices=("main", "lr"), help="main (default) or the learning-rate stability study")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="any training setting (see gatedattn train)")

@@ -89,6 +89,15 @@ def make_plots(results: dict, out: Path) -> dict[str, str]:
     return made
 
 
+def _precision(cfg: dict, meta: dict) -> str:
+    """The precision the run computed in: what was asked and what ``auto`` resolved to."""
+    chosen = meta.get("precision")
+    if chosen is None:
+        return str(cfg["dtype"])
+    name = {"bf16": "bf16 autocast", "fp32": "fp32"}[chosen["dtype"]]
+    return f"{name} (asked `{cfg['dtype']}`: {chosen['reason']})"
+
+
 def _setup_table(results: dict) -> list[str]:
     cfg, meta = results["config"], results["meta"]
     rows = [
@@ -99,7 +108,8 @@ def _setup_table(results: dict) -> list[str]:
         ("data", meta["data"]),
         ("model", f"`{cfg['preset']}` preset: {meta['model']}"),
         ("training", f"{cfg['steps']} steps × {cfg['batch_tokens']:,} tokens = {cfg['steps'] * cfg['batch_tokens'] / 1e6:.2f} M tokens per run, "
-                     f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, {cfg['dtype']}, seeds {cfg['seeds']}"),
+                     f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, seeds {cfg['seeds']}"),
+        ("precision", _precision(cfg, meta)),
         ("BOS", "every training and validation sequence starts with a BOS token (a fixed first token lets a sink form)"),
         ("analysis", f"{meta['analysis_tokens']:,} validation tokens, sequences of {cfg['seq_len']} (+BOS)"),
     ]

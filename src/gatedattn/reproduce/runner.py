@@ -31,11 +31,12 @@ import torch
 from gatedattn import __version__
 from gatedattn.analysis.analyze import analyze, extrapolate
 from gatedattn.analysis.metrics import mean_std
-from gatedattn.cost import cost
+from gatedattn.layer_cost import cost
 from gatedattn.data import TokenData, prepare
 from gatedattn.errors import ConfigError
 from gatedattn.io import atomic_write_json
 from gatedattn.model import SIZE_PRESETS, GatedLM
+from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.report import write_lr_report, write_report
 from gatedattn.train import TrainConfig, train
@@ -70,7 +71,7 @@ class ReproduceConfig:
     micro_batch: int = 16
     lr: float = 3e-3
     warmup_steps: int = 50
-    dtype: str = "bf16"
+    dtype: str = "auto"
     optimizer: str = "adamw"
     data_dir: str | None = None
     out_dir: str = "runs/reproduce"
@@ -188,7 +189,7 @@ def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int 
     times = []
     for i in range(warmup + repeats):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
+        with resolve_dtype(cfg.dtype, "cpu").autocast("cpu"):
             loss = model.loss(batch)
         loss.backward()
         opt.step()
@@ -343,6 +344,7 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
         "model": f"{n_layers} layers, d_model {d_model}, {n_heads} heads ({n_kv} KV), SwiGLU {ffn}, "
                  f"{n_params / 1e6:.2f} M parameters (baseline)",
         "analysis_tokens": cfg.analysis_sequences * cfg.seq_len,
+        "precision": resolve_dtype(cfg.dtype, "cpu").as_dict(),
     }
     results["claims"] = judge_all(results) if results["variants"] else []
     atomic_write_json(out / "results.json", _json_safe(results))

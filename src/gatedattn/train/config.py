@@ -27,10 +27,10 @@ import torch
 from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
 from gatedattn.errors import ConfigError, check_choice
 from gatedattn.model import SIZE_PRESETS, ModelConfig
+from gatedattn.precision import DTYPES
 from gatedattn.variants import VARIANTS
 
 OPTIMIZERS = ("adamw", "muon")
-DTYPES = ("fp32", "bf16")
 SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -106,7 +106,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     optimizer: str = "adamw"
     muon_momentum: float = 0.95
-    dtype: str = "fp32"
+    dtype: str = "auto"
     compile: bool = False
     device: str = "auto"
     seed: int = 0

@@ -18,7 +18,6 @@ Nothing is written before every input has been checked, so a bad input leaves no
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 import sys
@@ -35,6 +34,7 @@ from gatedattn.data import TokenData
 from gatedattn.errors import GatedAttnError
 from gatedattn.io import atomic_write_json, replace_dir, temp_dir_beside
 from gatedattn.model import GatedLM, ModelConfig, check_state_dict
+from gatedattn.precision import resolve_dtype
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
 from gatedattn.train import rundir
@@ -87,9 +87,7 @@ def _lm_loss(logits: torch.Tensor, batch: torch.Tensor, reduction: str = "mean")
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
-    if cfg.dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return resolve_dtype(cfg.dtype, device).autocast(device)
 
 
 def _ppl(loss: float) -> float:
@@ -196,7 +194,7 @@ def _train(cfg: TrainConfig, eval_hook: EvalHook | None, resume: bool, env: D.Di
     if env.is_main:
         if resumed or (resume and out.is_dir()):
             ckpt_mod.cleanup_temporaries(out)
-        rundir.write_run_files(out, plan["identity"], device, world)
+        rundir.write_run_files(out, plan["identity"], device, world, resolve_dtype(cfg.dtype, device).as_dict())
         log = MetricsLog(out, keep_until=plan["trainer_state"]["step"] if resumed else None, tensorboard=cfg.tensorboard)
     try:
         return _run(cfg, eval_hook, env, data, model_cfg, plan, log, total, end, global_batch, tokens_per_step)

@@ -135,11 +135,16 @@ def environment(device: torch.device, world_size: int) -> dict[str, Any]:
     }
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
+    env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return env
 
 
-def write_run_files(out: Path, identity: dict[str, Any], device: torch.device, world_size: int) -> None:
+def write_run_files(out: Path, identity: dict[str, Any], device: torch.device, world_size: int,
+                    precision: dict[str, str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / CONFIG, identity)
     atomic_write_json(out / CODE_VERSION, code_version())
-    atomic_write_json(out / ENV, environment(device, world_size))
+    env = environment(device, world_size)
+    if precision is not None:
+        env["precision"] = precision  # the dtype 'auto' resolved to, and why
+    atomic_write_json(out / ENV, env)
