@@ -82,11 +82,14 @@ def test_export_refuses_what_stock_transformers_cannot_express(tmp_path, variant
 
 
 # ----------------------------------------------------------------------------- Auto classes
-@pytest.mark.parametrize("variant", ["gated", "hyga-sink"])
+@pytest.mark.parametrize("variant", ["gated", "hyga-sink", "mla"])
 def test_auto_classes_load_and_generate_our_format(tmp_path, variant):
     register_auto()
     register_auto()  # idempotent
-    model = micro(variant, tie_embeddings=False)
+    if variant == "mla":  # decoding caches the latent, through transformers' cache too
+        model = micro("gated", tie_embeddings=False, attention_fields={"kv": "mla"})
+    else:
+        model = micro(variant, tie_embeddings=False)
     model.save_pretrained(tmp_path / "m")
     assert type(AutoConfig.from_pretrained(tmp_path / "m")).__name__ == "GatedAttnHFConfig"
     wrapped = AutoModelForCausalLM.from_pretrained(tmp_path / "m")

@@ -54,6 +54,11 @@ class _LayerCache:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cache.update(k, v, self.layer_idx)
 
+    def update_latent(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """MLA: latent (B, T, r) and shared RoPE key (B, T, 1, d) stored as one-head keys and values."""
+        latent_all, k_rope_all = self.cache.update(latent[:, None], k_rope.transpose(1, 2), self.layer_idx)
+        return latent_all[:, 0], k_rope_all.transpose(1, 2)
+
 
 class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
     """A ``GatedLM`` (``self.model``) behind the transformers model interface."""
