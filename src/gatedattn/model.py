@@ -29,6 +29,8 @@ from gatedattn.variants import get_variant
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 MODEL_TYPE = "gatedattn"
+# config.json keys that describe the file, not the model
+_NOT_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")
 
 # name -> (n_layers, d_model, n_heads, n_kv_heads, ffn_dim)
 SIZE_PRESETS: dict[str, tuple[int, int, int, int, int]] = {
@@ -112,7 +114,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        data = {k: v for k, v in data.items() if k not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype")}
+        data = {k: v for k, v in data.items() if k not in _NOT_CONFIG_KEYS}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -226,15 +228,23 @@ class GatedLM(nn.Module):
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` (atomically, no pickle)."""
+    def save_pretrained(self, directory: str | Path, self_contained: bool = False) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (atomically, no pickle).
+        ``self_contained`` also writes the modelling code and an ``auto_map``, so that
+        ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` works
+        where gatedattn is not installed (see ``gatedattn.hf.bundle``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = self.state_dict()
         if self.cfg.tie_embeddings:
             state.pop("lm_head.weight")
+        config = self.cfg.to_dict()
+        if self_contained:
+            from gatedattn.hf.bundle import write_code
+
+            config["auto_map"] = write_code(directory)
         atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
-        atomic_write_json(directory / CONFIG_FILE, self.cfg.to_dict())
+        atomic_write_json(directory / CONFIG_FILE, config)
         return directory
 
     @classmethod
