@@ -52,12 +52,13 @@ def _is_main() -> bool:
 
 
 def _train(args) -> int:
-    from gatedattn.train.loop import _json_safe, train
+    from gatedattn.io import json_safe
+    from gatedattn.train.loop import train
 
     cfg = TrainConfig.from_sets(_base(args), args.set)
     result = train(cfg, resume=args.resume)
     if _is_main():
-        print(json.dumps(_json_safe(result.to_dict()), indent=2) if args.json else _summary_line(result))
+        print(json.dumps(json_safe(result.to_dict()), indent=2) if args.json else _summary_line(result))
     return 0
 
 

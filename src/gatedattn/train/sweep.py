@@ -20,7 +20,8 @@ from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
 from gatedattn.train import rundir
 from gatedattn.train.config import TrainConfig
-from gatedattn.train.loop import EvalHook, _check_data, _json_safe, train
+from gatedattn.io import json_safe
+from gatedattn.train.loop import EvalHook, _check_data, train
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -124,7 +125,7 @@ def sweep(base: TrainConfig, variants: Sequence[str], lrs: Sequence[float], seed
             results[i] = train(cfg, eval_hook, resume=resume).to_dict()
             if env.is_main:
                 rows = [_row(c, r) for c, r in zip(configs, results)]
-                atomic_write_json(out / SWEEP_JSON, _json_safe({
+                atomic_write_json(out / SWEEP_JSON, json_safe({
                     "variants": list(variants), "lrs": list(lrs), "seeds": list(seeds) if seeds else [base.seed],
                     "base": base.to_dict(), "runs": rows,
                 }))
