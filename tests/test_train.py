@@ -422,9 +422,9 @@ def test_existing_or_incompatible_run_is_refused_untouched(data_dir, tmp_path, c
         (["--set", "lr=1e-2"], "holds a run with a different config (train.lr: 0.003 there, 0.01 here)"),
         ([], "already holds this run; pass --resume"),
         (["--resume", "--set", "seq_len=16"], "checkpoint step 2 has a different config (train.seq_len: 32 there, 16 here)"),
-        (["--resume", "--variant", "baseline"], "train.variant: 'gated' there, 'baseline' here"),
+        (["--resume", "--variant", "baseline"], "train.model.variant: 'gated' there, 'baseline' here"),
         (["--resume", "--set", "micro_batch=2", "--set", "grad_accum=2"], "train.micro_batch"),
-        (["--resume", "--set", "model.n_layers=3"], "different config (train.model_overrides"),
+        (["--resume", "--set", "model.n_layers=3"], "different config (train.model.lm.n_layers"),
         (["--resume", "--set", "steps=1"], "checkpoint is at step 2, beyond the 1 steps"),
     ]:
         assert main(base + extra) == 2, extra

@@ -67,11 +67,13 @@ class ModelRecipe:
     rope: dict[str, Any] = option({}, overrides=RopeConfig, help="changes to the RopeConfig fields")
 
     def __post_init__(self) -> None:
-        check_choice("ModelRecipe", "size", self.size, tuple(SIZE_PRESETS))
+        if self.size not in SIZE_PRESETS:  # the size preset (--preset on the command line)
+            raise ConfigError(f"ModelRecipe.size: preset={self.size!r} is not allowed; choose one of "
+                              f"{', '.join(repr(p) for p in SIZE_PRESETS)}")
         check_choice("ModelRecipe", "variant", self.variant, tuple(VARIANTS))
         for group, owner in OVERRIDE_GROUPS.items():
             object.__setattr__(self, group, _checked_overrides(group, owner, getattr(self, group)))
-        if self.gate and VARIANTS[self.variant].make(64).get("gate") is None:
+        if self.gate and not has_gate(self.variant):
             raise ConfigError(f"ModelRecipe.gate={self.gate} cannot apply: variant {self.variant!r} has no gate")
         self.build(vocab_size=256, max_seq_len=None)  # every override applies (fails now, not in a run)
 
@@ -106,6 +108,11 @@ class ModelRecipe:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelRecipe":
         return _build(cls, data)
+
+
+def has_gate(variant: str) -> bool:
+    """Whether the attention preset ``variant`` has a gate (so ``gate`` overrides apply)."""
+    return VARIANTS[variant].make(64).get("gate") is not None
 
 
 def _checked_overrides(group: str, owner: type, values: Any) -> dict[str, Any]:

@@ -120,6 +120,14 @@ def code_version() -> dict[str, Any]:
     return {"git_commit": commit, "git_dirty": dirty, "gatedattn_version": getattr(gatedattn, "__version__", None)}
 
 
+def describe_code_version(version: dict[str, Any]) -> str:
+    """``code_version()`` in words: ``"commit abc1234 + local changes"``."""
+    commit = version.get("git_commit")
+    if not commit:
+        return "unknown commit"
+    return f"commit {commit[:7]}{' + local changes' if version.get('git_dirty') else ''}"
+
+
 def environment(device: torch.device, world_size: int) -> dict[str, Any]:
     env = {
         "python": sys.version.split()[0],
