@@ -21,7 +21,7 @@ from gatedattn.attention import Attention
 from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.errors import ConfigError, GatedAttnError
-from gatedattn.gates import PerHeadLinear, XLogits
+from gatedattn.gates import Gate
 from gatedattn.io import atomic_save_safetensors, atomic_write_json, read_json_object
 from gatedattn.norm import RMSNorm
 from gatedattn.settings import option
@@ -169,16 +169,20 @@ class GatedLM(nn.Module):
         """Normal(0, init_std) for matrices and embeddings, residual-output projections
         scaled by 1/sqrt(2 n_layers); norms at one; biases, sinks and static gates at zero."""
         residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        owned: set[int] = set()  # modules inside a gate: the gate initialises them
         for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding, PerHeadLinear)):
+            if id(module) in owned:
+                continue
+            if isinstance(module, Gate):
+                module.reset_parameters(self.cfg.init_std)
+                owned.update(id(m) for m in module.modules())
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
                 std = residual_std if name.endswith(("o_proj", "down_proj")) else self.cfg.init_std
                 nn.init.normal_(module.weight, 0.0, std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
-            elif isinstance(module, XLogits) and module.static:
-                nn.init.zeros_(module.logits)
             elif isinstance(module, Attention) and module.sink is not None:
                 nn.init.zeros_(module.sink)
 

@@ -94,27 +94,32 @@ def rope_from_hf(hf, head_dim: int, source: str, *, allow_partial: bool) -> Rope
         return RopeConfig(theta=theta, fraction=fraction, scaling="linear", factor=float(params["factor"]),
                           original_max_len=max_len)
     if rope_type == "yarn":
-        factor = params.get("factor")
-        original = int(params.get("original_max_position_embeddings") or max_len)
-        factor = float(factor) if factor is not None else max_len / original
-        if factor < 1.0:
-            raise _refuse(source, "rope_parameters.factor", factor, "YaRN needs factor >= 1")
-        for key in ("mscale", "mscale_all_dim"):
-            if params.get(key):
-                raise _refuse(source, f"rope_parameters.{key}", params[key], "YaRN mscale variants are not implemented")
-        attention_factor = params.get("attention_factor")
-        default_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-        if attention_factor is not None and abs(float(attention_factor) - default_factor) > 1e-12:
-            raise _refuse(source, "rope_parameters.attention_factor", attention_factor,
-                          f"gatedattn's YaRN uses 0.1 ln(factor) + 1 = {default_factor:g}")
-        if params.get("truncate", True) is False:
-            raise _refuse(source, "rope_parameters.truncate", False,
-                          "gatedattn's YaRN rounds the correction range (truncate=True)")
-        return RopeConfig(theta=theta, fraction=fraction, scaling="yarn", factor=factor,
-                          original_max_len=original, beta_fast=float(params.get("beta_fast") or 32.0),
-                          beta_slow=float(params.get("beta_slow") or 1.0))
+        return _yarn_from_hf(params, theta, fraction, max_len, source)
     raise _refuse(source, "rope_parameters.rope_type", rope_type,
                   "gatedattn implements default, linear and yarn RoPE (llama3, dynamic, longrope are not implemented)")
+
+
+def _yarn_from_hf(params: dict, theta: float, fraction: float, max_len: int, source: str) -> RopeConfig:
+    """``RopeConfig`` of a YaRN ``rope_parameters``; refuses the variants gatedattn does not compute."""
+    factor = params.get("factor")
+    original = int(params.get("original_max_position_embeddings") or max_len)
+    factor = float(factor) if factor is not None else max_len / original
+    if factor < 1.0:
+        raise _refuse(source, "rope_parameters.factor", factor, "YaRN needs factor >= 1")
+    for key in ("mscale", "mscale_all_dim"):
+        if params.get(key):
+            raise _refuse(source, f"rope_parameters.{key}", params[key], "YaRN mscale variants are not implemented")
+    attention_factor = params.get("attention_factor")
+    default_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    if attention_factor is not None and abs(float(attention_factor) - default_factor) > 1e-12:
+        raise _refuse(source, "rope_parameters.attention_factor", attention_factor,
+                      f"gatedattn's YaRN uses 0.1 ln(factor) + 1 = {default_factor:g}")
+    if params.get("truncate", True) is False:
+        raise _refuse(source, "rope_parameters.truncate", False,
+                      "gatedattn's YaRN rounds the correction range (truncate=True)")
+    return RopeConfig(theta=theta, fraction=fraction, scaling="yarn", factor=factor,
+                      original_max_len=original, beta_fast=float(params.get("beta_fast") or 32.0),
+                      beta_slow=float(params.get("beta_slow") or 1.0))
 
 
 def _check_common(hf, source: str) -> None:

@@ -137,16 +137,21 @@ def _extrapolation(results: dict) -> Verdict:
     return verdict
 
 
-def _stability(results: dict) -> Verdict:
-    study = results.get("lr_study")
-    if not study:
-        return Verdict(NOT_MEASURABLE, "the learning-rate study was not run (`gatedattn reproduce --study lr`)")
-    rows = study.get("runs", [])
+def _lr_study_outcome(rows: list[dict]) -> tuple[list[float], list[float], dict[str, int]]:
+    """Learning rates at which baseline and gated diverged, and their loss spikes in all."""
     div = {(r["variant"], r["lr"]) for r in rows if r.get("diverged")}
     lrs = sorted({r["lr"] for r in rows})
     base_div = [lr for lr in lrs if ("baseline", lr) in div]
     gated_div = [lr for lr in lrs if ("gated", lr) in div]
     spikes = {v: sum(r.get("spikes", 0) for r in rows if r["variant"] == v) for v in ("baseline", "gated")}
+    return base_div, gated_div, spikes
+
+
+def _stability(results: dict) -> Verdict:
+    study = results.get("lr_study")
+    if not study:
+        return Verdict(NOT_MEASURABLE, "the learning-rate study was not run (`gatedattn reproduce --study lr`)")
+    base_div, gated_div, spikes = _lr_study_outcome(study.get("runs", []))
     text = (f"diverged at LR {base_div or 'none'} (baseline) vs {gated_div or 'none'} (gated); "
             f"loss spikes {spikes['baseline']} vs {spikes['gated']}")
     if base_div and (not gated_div or min(gated_div) > min(base_div)):

@@ -270,20 +270,12 @@ def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str,
     _say(f"training {tag}: {steps} steps of {tcfg.micro_batch}x{tcfg.seq_len} tokens")
     hook = SinkTracker(data, tcfg.seq_len) if analyse else None
     result = train(tcfg, eval_hook=hook, resume=True)
-    records = read_records(run_dir)
-    train_recs = [r for r in records if r.get("kind") == "train"]
-    eval_recs = [r for r in records if r.get("kind") == "eval"]
     run: dict[str, Any] = {
         "variant": variant, "seed": seed, "lr": tcfg.lr, "run_dir": str(run_dir.relative_to(out)),
         "steps": result.steps, "tokens": result.tokens, "diverged": result.diverged,
         "diverged_reason": result.diverged_reason, "spikes": result.spikes,
         "final_loss": result.final_loss, "tokens_per_s": result.tokens_per_s, "train_seconds": result.elapsed_s,
-        "curve": {"steps": [r["step"] for r in train_recs], "tokens": [r["tokens"] for r in train_recs],
-                  "loss": [r["loss"] for r in train_recs]},
-        "val_curve": {"steps": [r["step"] for r in eval_recs], "tokens": [r["tokens"] for r in eval_recs],
-                      "val_loss": [r["val_loss"] for r in eval_recs]},
-        "over_training": {"tokens": [r["tokens"] for r in eval_recs if "f_attn" in r],
-                          **{k: [r[k] for r in eval_recs if k in r] for k in ("f_attn", "sink_eps", "m_act", "gate_mean")}},
+        **_curves(read_records(run_dir)),
     }
     if not analyse or result.final_dir is None:
         return run
@@ -296,6 +288,21 @@ def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str,
         run["extrapolation"] = extrapolate(model, data, train_len=tcfg.seq_len, multiples=cfg.multiples,
                                            batch_size=4)
     return run
+
+
+def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Training and validation curves and the sink metrics over training, from metrics.jsonl."""
+    train_recs = [r for r in records if r.get("kind") == "train"]
+    eval_recs = [r for r in records if r.get("kind") == "eval"]
+    tracked = [r for r in eval_recs if "f_attn" in r]
+    return {
+        "curve": {"steps": [r["step"] for r in train_recs], "tokens": [r["tokens"] for r in train_recs],
+                  "loss": [r["loss"] for r in train_recs]},
+        "val_curve": {"steps": [r["step"] for r in eval_recs], "tokens": [r["tokens"] for r in eval_recs],
+                      "val_loss": [r["val_loss"] for r in eval_recs]},
+        "over_training": {"tokens": [r["tokens"] for r in tracked],
+                          **{k: [r[k] for r in eval_recs if k in r] for k in ("f_attn", "sink_eps", "m_act", "gate_mean")}},
+    }
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
