@@ -28,3 +28,12 @@ def test_the_check_sees_a_complex_function():
     body = "\n".join(f"    if x == {i}:\n        return {i}" for i in range(25))
     (block,) = radon.cc_visit(f"def f(x):\n{body}\n    return -1\n")
     assert radon.cc_rank(block.complexity) == "D"
+
+
+def test_trainer_methods_stay_small():
+    """Every method of the Trainer at complexity 10 or less (one job each)."""
+    radon = pytest.importorskip("radon.complexity")
+    source = (SRC / "train" / "trainer.py").read_text(encoding="utf-8")
+    (trainer,) = [b for b in radon.cc_visit(source) if b.name == "Trainer"]
+    assert {m.name for m in trainer.methods} >= {"train_step", "evaluate", "save", "stop_reason"}
+    assert max(m.complexity for m in trainer.methods) <= 10, [(m.name, m.complexity) for m in trainer.methods]
