@@ -31,6 +31,7 @@ from gatedattn.analysis.metrics import SINK_EPS, GateStats, sink_fraction, sink_
 from gatedattn.analysis.probe import Probe, attention_layers
 from gatedattn.config import RopeConfig
 from gatedattn.errors import GatedAttnError
+from gatedattn.fmt import finite_or_none, fmt_value
 
 __all__ = [
     "EXTRAPOLATION_METHODS",
@@ -134,12 +135,7 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def _num(x: float | None) -> float | None:
-    """A finite float, or None (strict JSON has no NaN / inf)."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
+_num = finite_or_none
 
 
 def _nums(xs: Iterable[float | None]) -> list[float | None]:
@@ -473,7 +469,7 @@ def extrapolation_curves(result: dict[str, Any]) -> dict[str, dict[str, list]]:
 
 
 def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+    return fmt_value(x, spec, missing="-")
 
 
 def format_analysis(r: dict[str, Any]) -> str:

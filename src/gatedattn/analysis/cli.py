@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from gatedattn.device import resolve_device
 from gatedattn.errors import GatedAttnError
 
 CHECKPOINT_INFO = "checkpoint.json"  # gatedattn.train.checkpoint.INFO_FILE
@@ -69,15 +70,7 @@ def _positive_int(text: str) -> int:
 
 
 def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise GatedAttnError(f"bad --device {name!r}: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise GatedAttnError(f"--device {name!r}: CUDA is not available on this machine")
-    return device
+    return resolve_device(name)
 
 
 def _recorded_data_dir(model_dir: Path) -> tuple[Path | None, list[Path]]:

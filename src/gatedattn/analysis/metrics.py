@@ -17,6 +17,8 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from torch import Tensor
 
+from gatedattn.train.divergence import DIVERGE_FACTOR, first_divergence
+
 __all__ = [
     "AttentionStats",
     "GateStats",
@@ -329,21 +331,13 @@ def loss_spikes(
     return [int(steps[i]) for i in idx] if steps is not None else idx
 
 
-def diverged(losses: Sequence[float], margin: float = 0.5, relative: bool = True, tail: int = 10) -> bool:
-    """Whether a training run diverged.
-
-    True when any loss is non-finite, or when the final loss (median of the last ``tail``
-    values, so one late spike is not enough) exceeds the run's minimum loss by the margin:
-    ``final > min * (1 + margin)`` when ``relative`` (default: 50 % above), else
-    ``final > min + margin``.
-    """
-    x = _as_float_array(losses)
-    if len(x) == 0:
+def diverged(losses: Sequence[float], diverge_factor: float = DIVERGE_FACTOR) -> bool:
+    """Whether a recorded loss curve diverged, by the trainer's rule
+    (:mod:`gatedattn.train.divergence`): a non-finite loss, or a loss above
+    ``diverge_factor`` times the first finite loss."""
+    if len(losses) == 0:
         raise ValueError("diverged needs at least one loss value")
-    if not np.isfinite(x).all():
-        return True
-    final = float(np.median(x[-max(tail, 1) :]))
-    return bool(final > _threshold(float(x.min()), margin, relative))
+    return first_divergence(losses, diverge_factor) is not None
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

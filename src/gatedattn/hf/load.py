@@ -53,7 +53,6 @@ class Plan:
 
     cfg: ModelConfig
     q_layout: str = "plain"
-    source: str = ""
 
 
 def _refuse(source: str, field: str, value: Any, why: str) -> GatedAttnError:
@@ -177,7 +176,7 @@ def _plan_qwen3(raw: dict[str, Any], source: str) -> Plan:
     if not official:
         bias = bool(hf.attention_bias)
         attn = _attention(hf, source, qk_norm=True, qkv_bias=bias, o_bias=bias)
-        return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+        return Plan(_model_config(hf, attn, "baseline"), "plain")
     # the official gated-attention code (github.com/qiuzh20/gated_attention, modeling_qwen3.py):
     # biases follow qkv_bias (q, k, v and o), q/k norms follow use_qk_norm; attention_bias is unused
     elementwise = bool(raw.get("elementwise_attn_output_gate", False))
@@ -196,7 +195,7 @@ def _plan_qwen3(raw: dict[str, Any], source: str) -> Plan:
     attn = _attention(hf, source, qk_norm=bool(raw.get("use_qk_norm", True)), qkv_bias=bias, o_bias=bias,
                       gate=gate)
     variant = "gated-headwise" if headwise else "gated" if elementwise else "baseline"
-    return Plan(_model_config(hf, attn, variant), "grouped" if gate else "plain", source)
+    return Plan(_model_config(hf, attn, variant), "grouped" if gate else "plain")
 
 
 def _plan_llama(raw: dict[str, Any], source: str) -> Plan:
@@ -206,14 +205,14 @@ def _plan_llama(raw: dict[str, Any], source: str) -> Plan:
         raise _refuse(source, "mlp_bias", True, "GatedLM's MLP has no biases")
     bias = bool(getattr(hf, "attention_bias", False))
     attn = _attention(hf, source, qk_norm=False, qkv_bias=bias, o_bias=bias)
-    return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+    return Plan(_model_config(hf, attn, "baseline"), "plain")
 
 
 def _plan_qwen2(raw: dict[str, Any], source: str) -> Plan:
     hf = hf_config_object(raw, source)
     _check_common(hf, source)
     attn = _attention(hf, source, qk_norm=False, qkv_bias=True, o_bias=False)
-    return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+    return Plan(_model_config(hf, attn, "baseline"), "plain")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gatedattn.fmt import fmt_mean_std as _fmt
 from gatedattn.analysis.metrics import differs_beyond_noise
 
 HELD, NOT_HELD, NOT_MEASURABLE = "held", "did not hold", "not measurable"
@@ -45,17 +46,6 @@ def _metric(results: dict, variant: str, metric: str) -> dict | None:
         return None
     value = summary[metric]
     return value if value is not None and value.get("mean") is not None else None
-
-
-def _num(x: float) -> str:
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.3f}"
-
-
-def _fmt(m: dict) -> str:
-    std = m.get("std")
-    if std is None or not math.isfinite(std):
-        return _num(m["mean"])
-    return f"{_num(m['mean'])} ± {_num(std)}"
 
 
 def compare(results: dict, better: str, worse: str, metric: str, *, lower_is_better: bool = True,

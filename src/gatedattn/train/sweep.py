@@ -9,12 +9,12 @@ rewritten, so an interrupted sweep shows what it has done and ``resume`` continu
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
 from gatedattn.data import TokenData
 from gatedattn.errors import GatedAttnError
+from gatedattn.fmt import fmt_value
 from gatedattn.io import atomic_write_json, atomic_write_text
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
@@ -79,12 +79,7 @@ def _row(cfg: TrainConfig, result: dict[str, Any] | None) -> dict[str, Any]:
     return row
 
 
-def _fmt(x: Any, spec: str = ".4f") -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return format(x, spec)
+_fmt = fmt_value
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

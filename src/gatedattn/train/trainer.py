@@ -230,7 +230,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation, checkpoints
     def evaluate(self) -> dict[str, Any]:
         """Validation loss (and the eval hook's metrics) at the current step; logged."""
-        model, cfg, st = self.model, self.cfg, self.state
+        model, st = self.model, self.state
         model.eval()
         with torch.no_grad():
             val_loss = self._val_loss()
