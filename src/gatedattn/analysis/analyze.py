@@ -1,7 +1,7 @@
 """Measure a checkpoint: attention sinks, massive activations, gate scores, loss, extrapolation.
 
 - :func:`analyze` runs a model over validation batches with :class:`~gatedattn.analysis.probe.Probe`
-  attached and returns one JSON-serialisable dict of the DESIGN.md section 3 metrics.
+  attached and returns one JSON-serialisable dict of the docs/design.md section 4 metrics.
 - :func:`extrapolate` measures validation loss at multiples of the training context, with
   plain RoPE and with NTK / YaRN scaling, by swapping each layer's ``rotary`` module for
   one built from a scaled ``RopeConfig`` (and putting the original back afterwards).

@@ -204,7 +204,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "analyze",
         help="measure a checkpoint: F-Attn, attention sinks, massive activations, gate scores, val loss",
         description="Run a checkpoint over validation windows with hooks attached and report "
-                    "F-Attn, Sink^eps, M-Act, gate score statistics and validation loss (DESIGN.md section 3).",
+                    "F-Attn, Sink^eps, M-Act, gate score statistics and validation loss (docs/design.md section 4).",
     )
     _common(p)
     p.add_argument("--seq-len", type=_positive_int, default=None,

@@ -1,6 +1,6 @@
 """Pure metric functions for attention sinks, massive activations, gates and training runs.
 
-Definitions follow DESIGN.md section 3. Nothing here touches a model: callers collect tensors
+Definitions follow docs/design.md section 4. Nothing here touches a model: callers collect tensors
 through hooks and pass them in. Streaming accumulators (``AttentionStats``, ``GateStats``) keep
 float64 sums and integer counts, so many small updates give the same result as one big batch.
 """
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 SINK_EPS = 0.3  # Gu et al. (ICLR 2025): a head is a sink head when alpha > 0.3
-GATE_THRESHOLDS = (0.01, 0.001)  # DESIGN.md section 3: fraction of gate scores below these
+GATE_THRESHOLDS = (0.01, 0.001)  # docs/design.md section 4: fraction of gate scores below these
 
 
 # --------------------------------------------------------------------------- attention
