@@ -26,9 +26,9 @@ import torch
 
 from gatedattn.device import resolve_device
 from gatedattn.errors import GatedAttnError
+from gatedattn.train.rundir import CONFIG as RUN_CONFIG
 
 CHECKPOINT_INFO = "checkpoint.json"  # gatedattn.train.checkpoint.INFO_FILE
-RUN_CONFIG = "config.json"  # gatedattn.train.rundir.CONFIG, in the run directory
 MAX_DEFAULT_SEQ_LEN = 2048  # analyze materialises B*H*T*T probabilities per layer
 
 
