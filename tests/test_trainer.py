@@ -2,7 +2,9 @@
 directory written by the old code resumes to the old code's losses.
 
 ``tests/data/legacy_losses.json`` and ``tests/data/legacy_run`` were recorded with the
-previous trainer (one 185-line loop) on ``tests/data/legacy_data``.
+previous trainer (one 185-line loop, main at 1eed29b, which includes the fused gate
+projection) on ``tests/data/legacy_data``, by running ``train(TrainConfig(...))`` with the
+configurations listed in the JSON file.
 """
 
 from __future__ import annotations

@@ -133,14 +133,21 @@ class XLogits(nn.Module):
         if last.bias is not None:
             last.bias.fill_(logit)
 
-    def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
+    @property
+    def linear(self) -> nn.Linear | None:
+        """The full-rank ``X W`` projection, which a caller may fuse into its own matmul
+        (then it passes the product to ``forward`` as ``projected``); None otherwise."""
+        return None if self.static or self.rank else self.proj
+
+    def forward(self, x_BTC: torch.Tensor, projected: torch.Tensor | None = None) -> torch.Tensor:
         if self.static:
             return self.logits[None, None]
         B, T, _ = x_BTC.shape
         if self.rank:
             inner = F.silu(self.down(x_BTC)).view(B, T, self.groups, self.rank)
             return self.up(inner)
-        return self.proj(x_BTC).view(B, T, self.groups, self.width)
+        flat = self.proj(x_BTC) if projected is None else projected
+        return flat.view(B, T, self.groups, self.width)
 
     def flops(self, n_tokens: int) -> int:
         if self.static:
@@ -243,17 +250,32 @@ class Gate(nn.Module):
             if part is not None:
                 part.init_identity(std)
 
-    def forward(self, y_BTGD: torch.Tensor, x_BTC: torch.Tensor) -> torch.Tensor:
-        x_logits = self.x(x_BTC) if self.x is not None else None
+    @property
+    def is_sigmoid_product(self) -> bool:
+        """True when the gate is ``Y * sigmoid(logits)`` with one logit tensor (no C-gate, no
+        separate H sigmoid): the form ``ops.gated_linear`` fuses with the output projection."""
+        c = self.cfg
+        return (c.activation == "sigmoid" and c.combine == "multiply" and self.c is None
+                and self.h_score is None and (self.x is not None or self.h is not None))
+
+    def logits(self, y_BTGD: torch.Tensor, x_BTC: torch.Tensor,
+               x_projected: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The X-gate logits plus the H-gate logits (additive fusion), or None if neither.
+        ``x_projected`` is ``X W`` when the caller computed it in a fused matmul."""
+        x_logits = self.x(x_BTC, x_projected) if self.x is not None else None
         h_logits = self.h(y_BTGD) if self.h is not None else None
+        if x_logits is None or h_logits is None:
+            return x_logits if h_logits is None else h_logits
+        return x_logits + h_logits
+
+    def forward(self, y_BTGD: torch.Tensor, x_BTC: torch.Tensor,
+                x_projected: torch.Tensor | None = None) -> torch.Tensor:
         out = y_BTGD
         if self.h_score is not None:  # multiplicative fusion: two separate sigmoids
-            scores = self.score(x_logits) * self.h_score(h_logits)
-        elif x_logits is not None or h_logits is not None:
-            logits = sum(t for t in (x_logits, h_logits) if t is not None)
-            scores = self.score(logits)
+            scores = self.score(self.x(x_BTC, x_projected)) * self.h_score(self.h(y_BTGD))
         else:
-            scores = None
+            logits = self.logits(y_BTGD, x_BTC, x_projected)
+            scores = self.score(logits) if logits is not None else None
         if scores is not None:
             scores = scores.to(y_BTGD.dtype)
             out = out * scores if self.cfg.combine == "multiply" else out + scores

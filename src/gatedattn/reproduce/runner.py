@@ -30,7 +30,7 @@ import torch
 from gatedattn import __version__
 from gatedattn.analysis.analyze import analyze, extrapolate
 from gatedattn.analysis.metrics import mean_std
-from gatedattn.cost import cost
+from gatedattn.layer_cost import cost
 from gatedattn.data import TokenData, prepare
 from gatedattn.errors import ConfigError
 from gatedattn.io import atomic_write_json, json_safe
