@@ -94,3 +94,23 @@ def test_train_needs_both_directories(data_dir):
     with pytest.raises(GatedAttnError, match="TrainConfig.out_dir"):
         train(TrainConfig(data_dir=str(data_dir), preset="micro"))
     assert torch.get_num_threads() >= 1
+
+
+def test_reproduction_trains_the_same_configs_as_before():
+    """Each run of the default and the quick reproduction gets the TrainConfig the flat
+    ReproduceConfig gave it (recorded before the config tree; data_dir aside, which was a
+    placeholder then), so the default reproduction's numbers are unchanged."""
+    from gatedattn.reproduce import ReproduceConfig
+
+    recorded = json.loads((LEGACY / "legacy_reproduce_train_configs.json").read_text())
+    configs = {"default": ReproduceConfig(), "quick": ReproduceConfig.quick(),
+               "quick_set": ReproduceConfig.quick(grad_clip=0.5)}
+    for key, old in recorded.items():
+        name, run = key.split("/")
+        cfg = configs[name]
+        lr, variant = (1e-2, "gated") if run == "lr" else (None, run)
+        steps = 40 if run == "lr" else cfg.steps
+        new = cfg.train_config(variant, 0 if run == "lr" else 1, steps=steps, out_dir="OUT", lr=lr).to_dict()
+        old = TrainConfig.from_dict(old).to_dict()
+        new.pop("data_dir"), old.pop("data_dir")
+        assert new == old, key
