@@ -1,4 +1,4 @@
-"""Fast attention cores against the reference, forward and backward (DESIGN.md 2.3)."""
+"""Fast attention cores against the reference, forward and backward (docs/design.md section 3)."""
 
 import pytest
 import torch

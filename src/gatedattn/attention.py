@@ -19,14 +19,16 @@ The plain path runs whenever gradients are off or a hook watches the gate's scor
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gatedattn.cache import KVCache
-from gatedattn.config import AttentionConfig
+from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.core import AttentionCore
 from gatedattn.gates import Gate, HeadTransform
 from gatedattn.norm import RMSNorm
@@ -248,6 +250,29 @@ class Attention(nn.Module):
         """Run the g1 gate and o_proj as ``ops.gated_linear`` (training), unless hooks watch them."""
         return (torch.is_grad_enabled() and self.gate.is_sigmoid_product
                 and not _hooked(self.gate.score) and not _hooked(self.o_proj))
+
+    # The analysis seam: run the layer with another core or RoPE for the body of a ``with``.
+    @contextlib.contextmanager
+    def with_core(self, core: nn.Module) -> Iterator[nn.Module]:
+        """Compute attention with ``core`` (same call signature as ``AttentionCore``)
+        within the body, e.g. one that also reports its probabilities; restored after."""
+        saved = self.core
+        self.core = core
+        try:
+            yield core
+        finally:
+            self.core = saved
+
+    @contextlib.contextmanager
+    def with_rope(self, rope: RopeConfig) -> Iterator[Rotary]:
+        """Rotate queries and keys with ``rope`` (e.g. scaled for longer contexts) within
+        the body; the layer's own RoPE returns after."""
+        saved = self.rotary
+        self.rotary = Rotary(rope, saved.rot_dim).to(saved.inv_freq.device)
+        try:
+            yield self.rotary
+        finally:
+            self.rotary = saved
 
     def extra_repr(self) -> str:
         c = self.cfg

@@ -25,6 +25,33 @@ def _uniform_(p: torch.Tensor, fan_in: int) -> torch.Tensor:
     return nn.init.uniform_(p, -bound, bound)
 
 
+def _reset_linear(linear: nn.Module, std: float) -> None:
+    if isinstance(linear, PerHeadLinear):
+        linear.reset_parameters(std)
+        return
+    nn.init.normal_(linear.weight, 0.0, std)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+
+
+def _silu_inverse_of_one() -> float:
+    """b with b * sigmoid(b) = 1 (Newton)."""
+    b = 1.0
+    for _ in range(50):
+        s = 1.0 / (1.0 + math.exp(-b))
+        f, df = b * s - 1.0, s + b * s * (1.0 - s)
+        b -= f / df
+    return b
+
+
+def identity_logit(cfg: GateConfig) -> float:
+    """The X-gate logit an identity initialisation starts from: where a multiplied SiLU
+    (or identity) score is 1; 0 for sigmoid-type scores and for additive gates."""
+    if cfg.combine != "multiply":
+        return 0.0
+    return {"silu": _silu_inverse_of_one(), "identity": 1.0}.get(cfg.activation, 0.0)
+
+
 class GateScore(nn.Module):
     """Logits -> gate scores. ``ns-sigmoid`` is 0.5 + 0.5 sigmoid, range [0.5, 1]."""
 
@@ -53,6 +80,12 @@ class PerHeadLinear(nn.Module):
         self.weight = nn.Parameter(_uniform_(torch.empty(groups, n_in, n_out), n_in))
         self.bias = nn.Parameter(torch.zeros(groups, n_out)) if bias else None
 
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.weight, 0.0, std)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
     def forward(self, x_GI: torch.Tensor) -> torch.Tensor:
         y = torch.einsum("...gi,gio->...go", x_GI, self.weight.to(x_GI.dtype))
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -76,6 +109,29 @@ class XLogits(nn.Module):
             self.up = PerHeadLinear(groups, cfg.rank, width, bias=cfg.bias)
         else:
             self.proj = nn.Linear(d_model, groups * width, bias=cfg.bias)
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        """Normal(0, std) weights, zero biases, zero static logits."""
+        if self.static:
+            nn.init.zeros_(self.logits)
+            return
+        for linear in ((self.down, self.up) if self.rank else (self.proj,)):
+            _reset_linear(linear, std)
+
+    @torch.no_grad()
+    def init_identity(self, logit: float, std: float) -> None:
+        """Make the logits the constant ``logit`` (the last map zero, its bias ``logit``;
+        without a bias only 0 is reachable); a low-rank gate's inner map stays random."""
+        if self.static:
+            self.logits.fill_(logit)
+            return
+        last = self.up if self.rank else self.proj
+        if self.rank:
+            nn.init.normal_(self.down.weight, 0.0, std)
+        last.weight.zero_()
+        if last.bias is not None:
+            last.bias.fill_(logit)
 
     @property
     def linear(self) -> nn.Linear | None:
@@ -110,6 +166,17 @@ class HLogits(nn.Module):
         self.down = PerHeadLinear(groups, dim, inner)
         self.up = PerHeadLinear(groups, inner, width)
 
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        self.down.reset_parameters(std)
+        self.up.reset_parameters(std)
+
+    @torch.no_grad()
+    def init_identity(self, std: float) -> None:
+        """Logits 0: the inner map random, the outer one zero."""
+        nn.init.normal_(self.down.weight, 0.0, std)
+        self.up.weight.zero_()
+
     def forward(self, y_BTGD: torch.Tensor) -> torch.Tensor:
         return self.up(F.silu(self.down(y_BTGD)))
 
@@ -125,6 +192,15 @@ class CrossHeadGate(nn.Module):
         super().__init__()
         self.proj = nn.Linear(groups * dim, groups, bias=False)
         self.score = GateScore("sigmoid")
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        _reset_linear(self.proj, std)
+
+    @torch.no_grad()
+    def init_identity(self, std: float) -> None:
+        """Logits 0: every head scaled by sigmoid(0) = 1/2."""
+        self.proj.weight.zero_()
 
     def forward(self, y_BTGD: torch.Tensor) -> torch.Tensor:
         B, T, G, D = y_BTGD.shape
@@ -152,6 +228,27 @@ class Gate(nn.Module):
         separate = cfg.fusion == "multiply" and self.x is not None and self.h is not None
         self.h_score = GateScore(cfg.activation) if separate else None
         self.c = CrossHeadGate(groups, dim) if cfg.cross_head else None
+
+    def parts(self) -> list[nn.Module]:
+        """The parameterised parts, in registration order: X-logits, H-logits, C-gate."""
+        return [p for p in (self.x, self.h, self.c) if p is not None]
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        """A fresh gate: Normal(0, std) weights, zero biases and static logits."""
+        for part in self.parts():
+            part.reset_parameters(std)
+
+    @torch.no_grad()
+    def init_identity(self, std: float) -> None:
+        """Make every score a constant: logits 0, or the logit where the activation is 1 for a
+        multiplied SiLU/identity gate with a bias. The caller undoes the constant."""
+        logit = identity_logit(self.cfg)
+        if self.x is not None:
+            self.x.init_identity(logit, std)
+        for part in (self.h, self.c):
+            if part is not None:
+                part.init_identity(std)
 
     @property
     def is_sigmoid_product(self) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from gatedattn.device import resolve_device
 from gatedattn.errors import GatedAttnError
 from gatedattn.io import replace_dir
 
@@ -39,13 +40,7 @@ def _load_tokenizer(path: Path):
 
 
 def _device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise GatedAttnError(f"--device {name!r} is not a device ({e})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise GatedAttnError("--device cuda: no CUDA device is available")
-    return device
+    return resolve_device(name)
 
 
 def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,

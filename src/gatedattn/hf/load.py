@@ -55,7 +55,6 @@ class Plan:
 
     cfg: ModelConfig
     q_layout: str = "plain"
-    source: str = ""
     zero_centred_norms: bool = False
 
 
@@ -97,27 +96,32 @@ def rope_from_hf(hf, head_dim: int, source: str, *, allow_partial: bool) -> Rope
         return RopeConfig(theta=theta, fraction=fraction, scaling="linear", factor=float(params["factor"]),
                           original_max_len=max_len)
     if rope_type == "yarn":
-        factor = params.get("factor")
-        original = int(params.get("original_max_position_embeddings") or max_len)
-        factor = float(factor) if factor is not None else max_len / original
-        if factor < 1.0:
-            raise _refuse(source, "rope_parameters.factor", factor, "YaRN needs factor >= 1")
-        for key in ("mscale", "mscale_all_dim"):
-            if params.get(key):
-                raise _refuse(source, f"rope_parameters.{key}", params[key], "YaRN mscale variants are not implemented")
-        attention_factor = params.get("attention_factor")
-        default_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-        if attention_factor is not None and abs(float(attention_factor) - default_factor) > 1e-12:
-            raise _refuse(source, "rope_parameters.attention_factor", attention_factor,
-                          f"gatedattn's YaRN uses 0.1 ln(factor) + 1 = {default_factor:g}")
-        if params.get("truncate", True) is False:
-            raise _refuse(source, "rope_parameters.truncate", False,
-                          "gatedattn's YaRN rounds the correction range (truncate=True)")
-        return RopeConfig(theta=theta, fraction=fraction, scaling="yarn", factor=factor,
-                          original_max_len=original, beta_fast=float(params.get("beta_fast") or 32.0),
-                          beta_slow=float(params.get("beta_slow") or 1.0))
+        return _yarn_from_hf(params, theta, fraction, max_len, source)
     raise _refuse(source, "rope_parameters.rope_type", rope_type,
                   "gatedattn implements default, linear and yarn RoPE (llama3, dynamic, longrope are not implemented)")
+
+
+def _yarn_from_hf(params: dict, theta: float, fraction: float, max_len: int, source: str) -> RopeConfig:
+    """``RopeConfig`` of a YaRN ``rope_parameters``; refuses the variants gatedattn does not compute."""
+    factor = params.get("factor")
+    original = int(params.get("original_max_position_embeddings") or max_len)
+    factor = float(factor) if factor is not None else max_len / original
+    if factor < 1.0:
+        raise _refuse(source, "rope_parameters.factor", factor, "YaRN needs factor >= 1")
+    for key in ("mscale", "mscale_all_dim"):
+        if params.get(key):
+            raise _refuse(source, f"rope_parameters.{key}", params[key], "YaRN mscale variants are not implemented")
+    attention_factor = params.get("attention_factor")
+    default_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    if attention_factor is not None and abs(float(attention_factor) - default_factor) > 1e-12:
+        raise _refuse(source, "rope_parameters.attention_factor", attention_factor,
+                      f"gatedattn's YaRN uses 0.1 ln(factor) + 1 = {default_factor:g}")
+    if params.get("truncate", True) is False:
+        raise _refuse(source, "rope_parameters.truncate", False,
+                      "gatedattn's YaRN rounds the correction range (truncate=True)")
+    return RopeConfig(theta=theta, fraction=fraction, scaling="yarn", factor=factor,
+                      original_max_len=original, beta_fast=float(params.get("beta_fast") or 32.0),
+                      beta_slow=float(params.get("beta_slow") or 1.0))
 
 
 def _check_common(hf, source: str) -> None:
@@ -175,7 +179,7 @@ def _plan_qwen3(raw: dict[str, Any], source: str) -> Plan:
     if not official:
         bias = bool(hf.attention_bias)
         attn = _attention(hf, source, qk_norm=True, qkv_bias=bias, o_bias=bias)
-        return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+        return Plan(_model_config(hf, attn, "baseline"), "plain")
     # the official gated-attention code (github.com/qiuzh20/gated_attention, modeling_qwen3.py):
     # biases follow qkv_bias (q, k, v and o), q/k norms follow use_qk_norm; attention_bias is unused
     elementwise = bool(raw.get("elementwise_attn_output_gate", False))
@@ -194,7 +198,7 @@ def _plan_qwen3(raw: dict[str, Any], source: str) -> Plan:
     attn = _attention(hf, source, qk_norm=bool(raw.get("use_qk_norm", True)), qkv_bias=bias, o_bias=bias,
                       gate=gate)
     variant = "gated-headwise" if headwise else "gated" if elementwise else "baseline"
-    return Plan(_model_config(hf, attn, variant), "grouped" if gate else "plain", source)
+    return Plan(_model_config(hf, attn, variant), "grouped" if gate else "plain")
 
 
 def _plan_qwen3_next(raw: dict[str, Any], source: str) -> Plan:
@@ -221,7 +225,7 @@ def _plan_qwen3_next(raw: dict[str, Any], source: str) -> Plan:
         head_dim=head_dim, rope=rope_from_hf(hf, head_dim, source, allow_partial=True), qk_norm=True,
         qkv_bias=bias, o_bias=bias, norm_eps=float(hf.rms_norm_eps), gate=GateConfig(bias=bias),
     )
-    return Plan(_model_config(hf, attn, "gated"), "interleaved", source, zero_centred_norms=True)
+    return Plan(_model_config(hf, attn, "gated"), "interleaved", zero_centred_norms=True)
 
 
 def _plan_llama(raw: dict[str, Any], source: str) -> Plan:
@@ -231,14 +235,14 @@ def _plan_llama(raw: dict[str, Any], source: str) -> Plan:
         raise _refuse(source, "mlp_bias", True, "GatedLM's MLP has no biases")
     bias = bool(getattr(hf, "attention_bias", False))
     attn = _attention(hf, source, qk_norm=False, qkv_bias=bias, o_bias=bias)
-    return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+    return Plan(_model_config(hf, attn, "baseline"), "plain")
 
 
 def _plan_qwen2(raw: dict[str, Any], source: str) -> Plan:
     hf = hf_config_object(raw, source)
     _check_common(hf, source)
     attn = _attention(hf, source, qk_norm=False, qkv_bias=True, o_bias=False)
-    return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+    return Plan(_model_config(hf, attn, "baseline"), "plain")
 
 
 @dataclass(frozen=True)

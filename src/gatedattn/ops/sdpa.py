@@ -2,7 +2,7 @@
 
 ``attention_sdpa`` calls ``F.scaled_dot_product_attention`` (any device, any backend).
 
-``attention_flash_lse`` adds a learnable sink without a T x T matrix (docs/design.md):
+``attention_flash_lse`` adds a learnable sink without a T x T matrix (docs/design.md section 3):
 a fused kernel returns the output ``o`` and the log-sum-exp ``lse`` of each row; then
 ``o_sink = o * sigmoid(lse - b)``. Its backward is the fused kernel's backward run with
 ``o_sink`` and ``lse_total = logaddexp(lse, b)`` (the sink is a key whose value is zero),
