@@ -31,6 +31,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
         assert (out / f"{png}.png").stat().st_size > 1000
         assert f"({png}.png)" in report
     assert report.count("| Gated Attention |") >= 8 and "| HyGA |" in report
+    assert "same batches in the same order" in report and "| precision | fp32 (asked `fp32`" in report
     assert all(c["verdict"] in ("held", "did not hold", "not measurable") for c in results["claims"])
     # a second call reuses the finished runs (resume) and rewrites the same numbers
     before = results["summary"]["gated"]["val_loss"]
@@ -47,7 +48,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     (dict(seeds=0), r"seeds=0 must be > 0"),
     (dict(multiples=(0, 2)), r"multiples"),
     (dict(dtype="fp8"), r"dtype"),
-    (dict(steps=None), r"exactly one of steps and budget_minutes"),
+    (dict(steps=None, budget_minutes=None), r"exactly one of steps and budget_minutes"),
     (dict(steps=100, budget_minutes=5.0), r"exactly one of steps and budget_minutes"),
 ])
 def test_bad_reproduce_config(fields, match):

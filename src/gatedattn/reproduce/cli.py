@@ -28,6 +28,8 @@ def _run(args: argparse.Namespace) -> int:
     given = {k: v for k, v in given.items() if v is not None}
     if args.budget_minutes is not None and args.steps is None:
         given["steps"] = None  # the budget decides the steps
+    if args.steps is not None and args.budget_minutes is None:
+        given["budget_minutes"] = None  # a fixed step count replaces the default budget
     cfg = ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
     cfg = apply_sets(cfg, args.set or [])
     command = "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
@@ -42,8 +44,9 @@ def register(sub) -> None:
                                    "analyse each; write report.md, plots and results.json.",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text(ReproduceConfig))
     p.add_argument("--variants", type=_list_of(str, "--variants"), help="comma-separated presets (default baseline,gated)")
-    p.add_argument("--budget-minutes", type=float, help="wall-clock budget: time each variant here and fit the steps to it")
-    p.add_argument("--steps", type=int, help="training steps per run (default 700; --quick 40)")
+    p.add_argument("--budget-minutes", type=float,
+                   help="wall-clock budget (default 20): time each variant's step here first and fit the steps to it")
+    p.add_argument("--steps", type=int, help="fixed training steps per run instead of a budget (--quick: 40)")
     p.add_argument("--seeds", type=int, help="seeds per variant (default 1); with 2+ the report tests seed noise")
     p.add_argument("--data", help="prepared data directory (default: the bundled corpus, prepared once)")
     p.add_argument("--out", help="output directory (default runs/reproduce)")

@@ -104,6 +104,16 @@ def _extrapolation(results: dict, variants: list[str]) -> tuple[dict, int | None
     return ext, train_len
 
 
+def _step_plan(cfg: dict) -> str:
+    """How the step count was chosen; every variant trains on the same batches either way."""
+    same = "every variant trains on the same batches in the same order (identical tokens)"
+    timed = cfg.get("step_seconds") or {}
+    if cfg.get("budget_minutes") is None or not timed:
+        return f"{same}; fixed step count"
+    per_step = ", ".join(f"{v} {t:.2f} s" for v, t in timed.items())
+    return f"{same}; steps fitted to a {cfg['budget_minutes']:g}-minute budget from timing one step of each here ({per_step})"
+
+
 def _precision(cfg: dict, meta: dict) -> str:
     """The precision the run computed in: what was asked and what ``auto`` resolved to."""
     chosen = meta.get("precision")
@@ -123,7 +133,8 @@ def _setup_table(results: dict) -> list[str]:
         ("data", meta["data"]),
         ("model", f"`{cfg['preset']}` preset: {meta['model']}"),
         ("training", f"{cfg['steps']} steps × {cfg['batch_tokens']:,} tokens = {cfg['steps'] * cfg['batch_tokens'] / 1e6:.2f} M tokens per run, "
-                     f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, seeds {cfg['seeds']}"),
+                     f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, seeds {cfg['seeds']}; "
+                     f"{_step_plan(cfg)}"),
         ("precision", _precision(cfg, meta)),
         ("BOS", "every training and validation sequence starts with a BOS token (a fixed first token lets a sink form)"),
         ("analysis", f"{meta['analysis_tokens']:,} validation tokens, sequences of {cfg['seq_len']} (+BOS)"),

@@ -70,13 +70,14 @@ class ReproduceConfig:
     ``train`` (a base ``TrainConfig``; each run sets its variant, seed, steps, output
     directory and evaluation and checkpoint intervals). With ``budget_minutes`` instead,
     the step count is derived from timing the trainer's own step of each variant on this
-    machine (the same count for every variant, so every variant sees the same tokens).
+    machine first (the same count for every variant, on the same batches in the same
+    order, so every variant sees the same tokens); about 80 % of the budget goes to
+    training, the rest to evaluation and analysis. ``budget_minutes`` is the default, so
+    the main job takes about the same wall time on a fast and on a slow CPU; a slower
+    machine trains fewer tokens, and the report says how many.
 
-    The defaults were chosen from measurements on a 2-core CPU: 700 steps of 16 x 256
-    tokens of the ``small`` model for two variants take about 24 minutes there, and by then
-    the gated model has a lower loss and clearly smaller massive activations. Sinks grow
-    with tokens seen, so two variants with more tokens each serve better than many short
-    runs; at this budget the first-token sink itself is still weak (see
+    Sinks grow with tokens seen, so two variants with more tokens each serve better than
+    many short runs; at CPU budgets the first-token sink itself is weak (see
     docs/reproduction/report.md).
 
     Fields of ``TrainConfig`` may be passed directly (``ReproduceConfig(lr=1e-2,
@@ -84,9 +85,9 @@ class ReproduceConfig:
 
     variants: tuple[str, ...] = option(("baseline", "gated"), help="attention presets to compare")
     seeds: int = option(1, help="seeds per variant; with 2+ the report tests seed noise")
-    budget_minutes: float | None = option(None, help="wall-clock budget: time each variant's training step "
-                                                     "and fit the steps to it (instead of steps)")
-    steps: int | None = option(700, help="training steps per run")
+    budget_minutes: float | None = option(20.0, help="wall-clock budget: time each variant's training step "
+                                                     "first and fit the steps to it (instead of steps)")
+    steps: int | None = option(None, help="fixed training steps per run (instead of budget_minutes)")
     out_dir: str = option("runs/reproduce", help="output directory")
     evals: int = option(8, help="evaluations (with the sink metrics) per run")
     analysis_sequences: int = option(32, help="validation sequences the final analysis reads")
@@ -133,7 +134,7 @@ class ReproduceConfig:
     @classmethod
     def quick(cls, **changes: Any) -> "ReproduceConfig":
         """About a minute on a 2-core CPU: a smoke test of the whole pipeline."""
-        base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, warmup_steps=5, evals=2,
+        base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, budget_minutes=None, warmup_steps=5, evals=2,
                     analysis_sequences=8, multiples=(1, 2), lrs=(3e-3, 3e-2), out_dir="runs/reproduce-quick")
         return cls(**{**base, **changes})
 
@@ -241,8 +242,10 @@ def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -
     per_step = sum(step_s.values()) * n_runs_per_variant
     steps = int(cfg.budget_minutes * 60 * 0.8 / per_step + 1e-9)
     steps = max(10, steps - steps % 10)
-    _say(f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run fit "
-         f"{cfg.budget_minutes:g} min")
+    eta = time.strftime("%H:%M", time.localtime(time.time() + cfg.budget_minutes * 60))
+    _say(f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run "
+         f"({steps * cfg.train.micro_batch * cfg.train.seq_len / 1e6:.2f} M tokens, the same for every variant) fit "
+         f"{cfg.budget_minutes:g} min; ETA {eta}")
     return steps, step_s
 
 
