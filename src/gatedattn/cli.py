@@ -55,29 +55,44 @@ def _command(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def _one_line(e: BaseException) -> str:
+    """An expected failure as one line that names the file or field."""
+    if isinstance(e, OSError) and e.filename is not None:
+        text = f"{e.filename}: {e.strerror or type(e).__name__}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Expected failures (bad input, bad files, a full or read-only disk,
+    an interrupt) end as one line on stderr and a non-zero status; only a bug in
+    gatedattn shows a traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command(argv)
-    parser = build_parser(command)
     try:
+        parser = build_parser(command)
         args = parser.parse_args(argv)
+        # light; needed only once the command runs
+        from gatedattn.errors import EXPECTED_ERRORS, Interrupted
     except KeyboardInterrupt:
         print("gatedattn: interrupted", file=sys.stderr)
         return 130
-    # imported here, with the command: gatedattn.errors is light but the name is only needed now
-    from gatedattn.errors import GatedAttnError
-
+    name = f"gatedattn {args.command}"
     try:
         return int(args.func(args) or 0)
-    except (GatedAttnError, ValueError, FileNotFoundError) as e:
-        print(f"gatedattn {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except Interrupted as e:
+        print(f"{name}: {_one_line(e)}", file=sys.stderr)
+        return e.status
     except KeyboardInterrupt:
-        print(f"gatedattn {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
         sys.stderr.close()
         return 0
+    except EXPECTED_ERRORS as e:
+        print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

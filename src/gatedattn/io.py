@@ -126,3 +126,35 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         if isinstance(rec, dict):
             records.append(rec)
     return records
+
+
+def check_writable(path: str | os.PathLike, what: str, *, kind: str = "file", replace: bool = True) -> Path:
+    """Check, before any work, that ``path`` can be written: ``kind`` ``"file"`` (a file
+    there may be replaced when ``replace``) or ``"dir"`` (created if absent). The nearest
+    existing parent must be a writable directory. A problem is a ``GatedAttnError`` naming
+    ``what`` (the option, e.g. ``--out``) and the path. Creates nothing."""
+    from gatedattn.errors import GatedAttnError
+
+    path = Path(path)
+    if str(path) == "":
+        raise GatedAttnError(f"{what}: an empty path")
+    if path.exists() or path.is_symlink():
+        if kind == "file" and path.is_dir():
+            raise GatedAttnError(f"{what} {path} is a directory; give a file name")
+        if kind == "file" and not replace:
+            raise GatedAttnError(f"{what} {path} exists; choose a new name")
+        if kind == "dir" and not path.is_dir():
+            raise GatedAttnError(f"{what} {path} exists and is not a directory")
+        if not os.access(path, os.W_OK) or (kind == "file" and not os.access(path.parent, os.W_OK)):
+            raise GatedAttnError(f"{what} {path} is not writable")
+        return path
+    parent = path.absolute().parent
+    while not parent.exists():
+        if parent.is_symlink():  # a dangling link
+            raise GatedAttnError(f"{what} {path}: {parent} is a broken link")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise GatedAttnError(f"{what} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise GatedAttnError(f"{what} {path}: {parent} is not writable")
+    return path

@@ -177,13 +177,20 @@ def split_item(item: str) -> tuple[str, str]:
     return key, text
 
 
-def parse_sets(cls: type, items: list[str] | tuple[str, ...]) -> dict[tuple[str, ...], Any]:
-    """``["lr=3e-3", "gate.activation=silu"]`` -> ``{path: value}`` for config class ``cls``."""
+def parse_sets(cls: type, items: list[str] | tuple[str, ...],
+               flags: dict[str, str] | None = None) -> dict[tuple[str, ...], Any]:
+    """``["lr=3e-3", "gate.activation=silu"]`` -> ``{path: value}`` for config class ``cls``.
+    ``flags`` maps full keys to the command-line option that sets them (``{"out_dir":
+    "--out"}``): such a key is refused, so a run's identity has one source."""
     known = settings(cls)
     out: dict[tuple[str, ...], Any] = {}
     for item in items:
         key, text = split_item(item)
         s = resolve(key, known)
+        if flags and s.key in flags:
+            raise ConfigError(f"--set {key}: {s.key} is set by {flags[s.key]}, not --set")
+        if s.path in out:
+            raise ConfigError(f"--set {s.key} is given twice; give it once")
         out[s.path] = parse_value(text, s.type, s.key)
     return out
 
@@ -196,10 +203,11 @@ def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[st
     return out
 
 
-def apply_sets(cfg: Any, items: list[str] | tuple[str, ...]) -> Any:
-    """``cfg`` (a config with ``to_dict``/``from_dict``) with ``KEY=VALUE`` items applied."""
+def apply_sets(cfg: Any, items: list[str] | tuple[str, ...], flags: dict[str, str] | None = None) -> Any:
+    """``cfg`` (a config with ``to_dict``/``from_dict``) with ``KEY=VALUE`` items applied;
+    keys in ``flags`` are refused (:func:`parse_sets`)."""
     tree = cfg.to_dict()
-    for path, value in parse_sets(type(cfg), items).items():
+    for path, value in parse_sets(type(cfg), items, flags).items():
         tree = set_path(tree, path, value)
     return type(cfg).from_dict(tree)
 

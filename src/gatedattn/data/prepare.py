@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 from gatedattn.data.corpus import Document, Source, input_sources
 from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo
-from gatedattn.io import replace_dir
+from gatedattn.io import check_writable, replace_dir
 from gatedattn.errors import GatedAttnError
 
 BOS_TOKEN = "<|bos|>"
@@ -60,6 +60,9 @@ EOS_NAMES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|endoftext|>")
 PAD_NAMES = (PAD_TOKEN, "<pad>", "[PAD]")
 TOKENIZER_FILE = "tokenizer.json"
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
+# The largest --vocab-size accepted: beyond any language model's vocabulary, and far
+# below what makes the BPE trainer try to allocate tens of GB and abort.
+MAX_VOCAB = 1 << 20
 _ENCODE_CHUNK_CHARS = 4 << 20
 _BUCKET_BYTES = 64 << 20  # text bytes per bucket of the external sort
 _MAX_BUCKETS = 256  # open files per split
@@ -346,8 +349,7 @@ def _encode_documents(tok, scans: Sequence[_Scan], seed: int, eos_id: int, dtype
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise GatedAttnError(f"--out {out} exists and is not a directory")
+    check_writable(out, "--out", kind="dir")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise GatedAttnError(f"--out {out} exists and is not empty; pass --force to replace it")
 
@@ -381,8 +383,8 @@ def prepare(
     ``overwrite`` allows replacing a non-empty ``out_dir``. ``progress`` prints phases
     and progress bars to stderr.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB <= vocab_size < 2**32:
-        raise GatedAttnError(f"vocab_size must be an integer in [{MIN_VOCAB}, 2**32), got {vocab_size!r}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise GatedAttnError(f"vocab_size must be an integer in [{MIN_VOCAB}, {MAX_VOCAB}], got {vocab_size!r}")
     if not 0.0 < val_fraction < 1.0:
         raise GatedAttnError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

@@ -130,13 +130,24 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def cleanup_temporaries(run_dir: Path) -> None:
-    """Remove what an interrupted checkpoint write left behind."""
-    ckpts = Path(run_dir) / CKPT_DIR
-    if ckpts.is_dir():
-        for p in ckpts.iterdir():
-            if p.name.startswith(".") and (p.name.endswith(".tmp") or ".old-" in p.name):
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+def is_temporary(p: Path) -> bool:
+    """A hidden file or directory left by an interrupted atomic write (``io.atomic_write``,
+    ``io.temp_dir_beside``, ``io.replace_dir``)."""
+    return p.name.startswith(".") and (p.name.endswith(".tmp") or p.name.endswith(".old") or ".old-" in p.name)
+
+
+def cleanup_temporaries(run_dir: Path) -> list[Path]:
+    """Remove what an interrupted write left behind in a run directory and its
+    ``checkpoints/`` (``.final.*.tmp/``, ``.metrics.csv.*.tmp``, checkpoint temporaries);
+    return what was removed."""
+    removed = []
+    for where in (Path(run_dir), Path(run_dir) / CKPT_DIR):
+        if where.is_dir():
+            for p in where.iterdir():
+                if is_temporary(p):
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+                    removed.append(p)
+    return removed
 
 
 def read_info(ckpt: Path) -> dict[str, Any]:

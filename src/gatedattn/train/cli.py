@@ -15,7 +15,8 @@ import json
 import sys
 import textwrap
 
-from gatedattn.settings import help_text, parse_list
+from gatedattn.errors import GatedAttnError, Interrupted
+from gatedattn.settings import apply_sets, help_text, parse_list
 from gatedattn.train.config import TrainConfig
 
 
@@ -23,9 +24,59 @@ def _keys_epilog() -> str:
     return help_text(TrainConfig)
 
 
+# Keys that a flag of train/sweep sets: a run's identity has one source.
+FLAG_KEYS = {"data_dir": "--data", "out_dir": "--out", "model.variant": "--variant", "model.size": "--preset"}
+
+
 def _base(args) -> dict:
-    return {"data_dir": args.data, "out_dir": args.out, "variant": getattr(args, "variant", "baseline"),
-            "preset": args.preset}
+    return {"data_dir": args.data, "out_dir": args.out, "variant": getattr(args, "variant", None) or "baseline",
+            "preset": args.preset or "tiny"}
+
+
+def _require(args, *names: str) -> None:
+    missing = [f"--{n}" for n in names if getattr(args, n) is None]
+    if missing:
+        raise GatedAttnError(f"the following arguments are required: {', '.join(missing)}")
+
+
+def _resumed_config(args) -> TrainConfig:
+    """``--resume RUN_DIR``: the config the run recorded, with the flags given now (only the
+    resumable fields, such as steps, may differ; the resume check says which did)."""
+    from pathlib import Path
+
+    from gatedattn.io import read_json_object
+    from gatedattn.train.rundir import CONFIG
+
+    run = Path(args.resume)
+    if not run.is_dir():
+        raise GatedAttnError(f"--resume {run}: no such run directory")
+    if args.out is not None and Path(args.out).resolve() != run.resolve():
+        raise GatedAttnError(f"--resume {run} and --out {args.out} name different directories; give one")
+    train = read_json_object(run / CONFIG).get("train")
+    if not isinstance(train, dict):
+        raise GatedAttnError(f"{run / CONFIG} has no 'train' object; it is not a run directory")
+    cfg = TrainConfig.from_dict({**train, "out_dir": str(run)})
+    for flag, now, then in (("--variant", getattr(args, "variant", None), cfg.variant),
+                            ("--preset", args.preset, cfg.preset)):
+        if now is not None and now != then:
+            raise GatedAttnError(f"{flag} {now} differs from the run's {then!r}; a resumed run keeps its model")
+    if args.data is not None:
+        cfg = cfg.replace(data_dir=args.data)
+    return apply_sets(cfg, args.set, FLAG_KEYS)
+
+
+def _train_config(args) -> tuple[TrainConfig, bool]:
+    """The run's config and whether to resume."""
+    if isinstance(args.resume, str):
+        return _resumed_config(args), True
+    _require(args, "data", "out")
+    return TrainConfig.from_sets(_base(args), args.set, FLAG_KEYS), bool(args.resume)
+
+
+def _check_warmup(cfg: TrainConfig) -> None:
+    problem = cfg.warmup_problem()
+    if problem is not None:
+        raise GatedAttnError(problem)
 
 
 def _summary_line(r) -> str:
@@ -53,10 +104,14 @@ def _train(args) -> int:
     from gatedattn.io import json_safe
     from gatedattn.train.loop import train
 
-    cfg = TrainConfig.from_sets(_base(args), args.set)
-    result = train(cfg, resume=args.resume)
+    cfg, resume = _train_config(args)
+    _check_warmup(cfg)
+    result = train(cfg, resume=resume)
     if _is_main():
         print(json.dumps(json_safe(result.to_dict()), indent=2) if args.json else _summary_line(result))
+    if result.interrupted is not None:
+        raise Interrupted(f"{result.interrupted}: stopped after step {result.steps} with a checkpoint; continue "
+                          f"with: gatedattn train --resume {result.out_dir}", 128 + result.interrupted_signal)
     return 0
 
 
@@ -66,7 +121,16 @@ def _sweep(args) -> int:
     variants = parse_list(args.variants, str, "--variants")
     lrs = parse_list(args.lr, float, "--lr")
     seeds = parse_list(args.seeds, int, "--seeds") if args.seeds else None
-    base = TrainConfig.from_sets(_base(args) | {"variant": variants[0] if variants else "baseline"}, args.set)
+    if isinstance(args.resume, str):
+        raise GatedAttnError("sweep takes --resume without a directory (it resumes every run under --out)")
+    _require(args, "data", "out")
+    flags = {**FLAG_KEYS, "model.variant": "--variants", "lr": "--lr", **({"seed": "--seeds"} if seeds else {})}
+    base = TrainConfig.from_sets(_base(args) | {"variant": variants[0] if variants else "baseline"}, args.set, flags)
+    for s in seeds or []:
+        if s < 0:
+            raise GatedAttnError(f"--seeds: {s} is negative; seeds are integers >= 0")
+    for lr in lrs:
+        _check_warmup(base.replace(lr=lr))
     rows = sweep(base, variants, lrs, seeds, resume=args.resume)
     if _is_main():
         if args.json:
@@ -88,7 +152,7 @@ def register(subparsers) -> None:
             "code_version, env.json, metrics.jsonl/.csv, summary.json, checkpoints/ and final/ into --out. "
             "Run under torchrun for data parallelism.", width=90),
     )
-    p.add_argument("--variant", default="baseline", help="attention preset (gatedattn variants; default baseline)")
+    p.add_argument("--variant", default=None, help="attention preset (gatedattn variants; default baseline)")
     _common(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_train)
@@ -110,13 +174,14 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--preset", default="tiny", help="model size: micro, tiny, small, base, medium (default tiny)")
-    p.add_argument("--data", required=True, metavar="DIR", help="a directory written by `gatedattn data prepare`")
-    p.add_argument("--out", required=True, metavar="DIR", help="the run directory")
+    p.add_argument("--preset", default=None, help="model size: micro, tiny, small, base, medium (default tiny)")
+    p.add_argument("--data", metavar="DIR", help="a directory written by `gatedattn data prepare` (required)")
+    p.add_argument("--out", metavar="DIR", help="the run directory (required)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a TrainConfig field or model key (repeatable; keys listed below)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in --out (start afresh if there is none)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                   help="continue from the latest checkpoint in --out (start afresh if there is none); "
+                        "train --resume RUN_DIR alone continues RUN_DIR with its recorded config")
 
 
 def main(argv: list[str] | None = None) -> int:

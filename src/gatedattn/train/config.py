@@ -260,6 +260,10 @@ class TrainConfig:
         boolean("fsdp")
         boolean("progress")
         boolean("tensorboard")
+        max_len = self.model.lm.get("max_seq_len")
+        if max_len is not None and max_len < self.seq_len:
+            raise ConfigError(f"{own}: model.max_seq_len={max_len} is shorter than seq_len={self.seq_len}; the model "
+                              f"would claim a context shorter than it is trained on")
         if self.optimizer == "muon":
             if not hasattr(torch.optim, "Muon"):
                 raise ConfigError(
@@ -275,6 +279,14 @@ class TrainConfig:
     # ------------------------------------------------------------------ derived
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+    def warmup_problem(self, world_size: int = 1) -> str | None:
+        """Why the warm-up does not fit the run (``warmup_steps`` beyond its steps), else None."""
+        total = self.total_steps(world_size)
+        if self.warmup_steps > total:
+            return (f"TrainConfig.warmup_steps={self.warmup_steps} exceeds the {total} steps of the run; "
+                    f"the learning rate would never reach lr={self.lr:g}")
+        return None
 
     def global_batch(self, world_size: int = 1) -> int:
         """Sequences per optimizer step."""
@@ -322,9 +334,11 @@ class TrainConfig:
         return _build(cls, data)
 
     @classmethod
-    def from_sets(cls, base: dict[str, Any], sets: list[str] | tuple[str, ...] = ()) -> "TrainConfig":
-        """``TrainConfig(**base)`` with ``KEY=VALUE`` strings applied (:func:`gatedattn.settings.apply_sets`)."""
-        return apply_sets(cls(**base), sets)
+    def from_sets(cls, base: dict[str, Any], sets: list[str] | tuple[str, ...] = (),
+                  flags: dict[str, str] | None = None) -> "TrainConfig":
+        """``TrainConfig(**base)`` with ``KEY=VALUE`` strings applied (:func:`gatedattn.settings.apply_sets`);
+        keys in ``flags`` (full key -> option) are refused."""
+        return apply_sets(cls(**base), sets, flags)
 
 
 

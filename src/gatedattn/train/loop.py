@@ -11,7 +11,10 @@ model and ``summary.json``.
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
+import threading
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from tqdm import tqdm
 
 from gatedattn.data import TokenData
 from gatedattn.errors import GatedAttnError
-from gatedattn.io import atomic_write_json, json_safe, replace_dir, temp_dir_beside
+from gatedattn.io import atomic_write_json, check_writable, json_safe, replace_dir, temp_dir_beside
 from gatedattn.model import GatedLM, ModelConfig, check_state_dict
 from gatedattn.precision import resolve_dtype
 from gatedattn.train import checkpoint as ckpt_mod
@@ -57,6 +60,8 @@ class TrainResult:
     tokens_per_s: float
     final_dir: str | None
     losses: list[float] = field(default_factory=list, repr=False)
+    interrupted: str | None = None  # "SIGINT"/"SIGTERM" when a signal stopped the run (with a checkpoint)
+    interrupted_signal: int = 0
 
     def to_dict(self, with_losses: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -120,6 +125,10 @@ def train(cfg: TrainConfig, eval_hook: EvalHook | None = None, *, resume: bool =
     for name in ("data_dir", "out_dir"):
         if getattr(cfg, name) is None:
             raise GatedAttnError(f"train() needs TrainConfig.{name}; it is None")
+    check_writable(cfg.out_dir, "--out", kind="dir")
+    problem = cfg.warmup_problem()
+    if problem is not None:
+        warnings.warn(problem, stacklevel=2)
     env = D.setup(cfg.device)
     try:
         return _train(cfg, eval_hook, resume, env)
@@ -163,9 +172,10 @@ def _run(cfg: TrainConfig, eval_hook: EvalHook | None, env: D.DistEnv, data: Tok
     del plan, resume
     if trainer.state.step == 0 and trainer.state.last_eval_step is None:
         trainer.evaluate()
+    stop = None
     if trainer.state.diverged_reason is None:  # a resumed run that had diverged stays over
-        _fit(trainer)
-    return _finish(trainer, data)
+        stop = _fit(trainer)
+    return _finish(trainer, data, stop)
 
 
 def _drop_abandoned_checkpoints(out: Path, step: int) -> None:
@@ -190,12 +200,50 @@ class _Throughput:
         self.tokens, self.seconds = 0, 0.0
 
 
-def _fit(trainer: Trainer) -> None:
+def _fit(trainer: Trainer) -> "_StopSignals":
     """Train to ``trainer.end``: step, log, evaluate and checkpoint on schedule; stop on divergence."""
     cfg, st = trainer.cfg, trainer.state
     bar = tqdm(total=trainer.total, initial=st.step, desc=f"train {cfg.variant}/{cfg.preset}", unit="step",
                file=sys.stderr, dynamic_ncols=True, disable=not (cfg.progress and trainer.env.is_main))
     window = _Throughput()
+    with _StopSignals() as stop:
+        _fit_steps(trainer, bar, window, stop)
+    bar.close()
+    return stop
+
+
+class _StopSignals:
+    """While training: SIGINT and SIGTERM ask the loop to stop after the current step (a
+    second one stops at once). Installed only in the main thread (signals reach no other)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    @property
+    def name(self) -> str | None:
+        return None if self.received is None else signal.Signals(self.received).name
+
+
+def _fit_steps(trainer: Trainer, bar, window: "_Throughput", stop: _StopSignals) -> None:
+    cfg, st = trainer.cfg, trainer.state
     while st.step < trainer.end:
         stats = trainer.train_step()
         tps = window.add(trainer.tokens_per_step, stats.seconds)
@@ -211,9 +259,12 @@ def _fit(trainer: Trainer) -> None:
             break
         if _due(stats.step, cfg.eval_every, trainer.total):
             trainer.evaluate()
-        if _due(stats.step, cfg.ckpt_every, trainer.end):
+        if _due(stats.step, cfg.ckpt_every, trainer.end) or stop.received is not None:
             trainer.save()
-    bar.close()
+        if stop.received is not None and st.step < trainer.end:
+            trainer.say(f"{stop.name}: stopped after step {st.step} with a checkpoint")
+            trainer._log({"kind": "interrupted", "step": st.step, "signal": stop.name})
+            break
 
 
 def _due(step: int, every: int, last: int) -> bool:
@@ -228,7 +279,7 @@ def _log_step(trainer: Trainer, stats: StepStats, tokens_per_s: float) -> None:
                   "spikes": len(st.spike_steps), "skipped_steps": st.skipped_steps})
 
 
-def _finish(trainer: Trainer, data: TokenData) -> TrainResult:
+def _finish(trainer: Trainer, data: TokenData, stop: "_StopSignals | None" = None) -> TrainResult:
     """The final model (a complete run), metrics.csv, summary.json; the result."""
     cfg, env, st, out = trainer.cfg, trainer.env, trainer.state, trainer.out
     diverged = st.diverged_reason is not None
@@ -243,13 +294,14 @@ def _finish(trainer: Trainer, data: TokenData) -> TrainResult:
         final_dir = str(out / rundir.FINAL)
     if env.is_main:
         trainer.log.write_csv()
-    result = _result(trainer, complete, final_dir)
+    result = _result(trainer, complete, final_dir, stop)
     if env.is_main:
         atomic_write_json(out / rundir.SUMMARY, json_safe(result.to_dict()))
     return result
 
 
-def _result(trainer: Trainer, complete: bool, final_dir: str | None) -> TrainResult:
+def _result(trainer: Trainer, complete: bool, final_dir: str | None,
+            stop: "_StopSignals | None" = None) -> TrainResult:
     st = trainer.state
     diverged = st.diverged_reason is not None
     return TrainResult(
@@ -261,6 +313,8 @@ def _result(trainer: Trainer, complete: bool, final_dir: str | None) -> TrainRes
         elapsed_s=trainer.elapsed(),
         tokens_per_s=st.step * trainer.tokens_per_step / st.train_time_s if st.train_time_s > 0 else 0.0,
         final_dir=final_dir, losses=list(st.losses),
+        interrupted=None if complete or stop is None else stop.name,
+        interrupted_signal=0 if complete or stop is None or stop.received is None else stop.received,
     )
 
 
