@@ -32,7 +32,7 @@ REQUIRED_KEYS = {
     "variant", "n_layers", "n_heads", "seq_len", "n_sequences", "n_tokens", "val_loss", "val_ppl",
     "f_attn", "f_attn_per_layer", "f_attn_per_head", "eps", "sink_eps", "sink_eps_per_layer", "sink_alpha",
     "sink_mass", "sink_mass_per_layer", "m_act", "m_act_layer", "m_act_per_layer", "m_act_ratio",
-    "m_act_ratio_per_layer", "m_act_median_per_layer", "m_act_location_per_layer",
+    "m_act_ratio_per_layer", "m_act_ratio_max", "m_act_median_per_layer", "m_act_location_per_layer",
     "gate_mean", "gate_frac_below_0.01", "gate_frac_below_0.001", "gate_count", "gate_per_layer",
     "gate_mean_per_layer", "gate_per_score", "gate_histogram", "attention_maps",
 }
@@ -110,7 +110,8 @@ def test_analyze_returns_every_key(variant):
     assert r["n_tokens"] == 2 * 2 * 16 and r["n_sequences"] == 4 and r["seq_len"] == 16
     assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
     assert r["m_act"] == max(r["m_act_per_layer"])
-    assert r["m_act_ratio"] == max(r["m_act_ratio_per_layer"])
+    assert r["m_act_ratio"] == r["m_act_ratio_per_layer"][r["m_act_layer"]]
+    assert r["m_act_ratio_max"] == max(r["m_act_ratio_per_layer"])
     assert r["f_attn"] == pytest.approx(sum(r["f_attn_per_layer"]) / L)
     assert set(r["attention_maps"]) == {"1"}
     amap = torch.tensor(r["attention_maps"]["1"])

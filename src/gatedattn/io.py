@@ -47,12 +47,22 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
 
 
 def atomic_save_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
+    """Write a safetensors file atomically and enter it in its directory's ``checksums.json``."""
+    from gatedattn.integrity import record
+
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    path = atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    record(path)
+    return path
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    """``torch.save`` atomically, entered in its directory's ``checksums.json``."""
+    from gatedattn.integrity import record
+
+    path = atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    record(path)
+    return path
 
 
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:

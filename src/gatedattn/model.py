@@ -23,6 +23,7 @@ from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.errors import ConfigError, GatedAttnError
 from gatedattn.gates import Gate
 from gatedattn.io import atomic_save_safetensors, atomic_write_json, read_json_object
+from gatedattn.integrity import record as record_checksum, verify_file
 from gatedattn.norm import RMSNorm
 from gatedattn.settings import option
 from gatedattn.variants import get_variant
@@ -249,7 +250,7 @@ class GatedLM(nn.Module):
 
             config["auto_map"] = write_code(directory)
         atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
-        atomic_write_json(directory / CONFIG_FILE, config)
+        record_checksum(atomic_write_json(directory / CONFIG_FILE, config))
         return directory
 
     @classmethod
@@ -283,6 +284,7 @@ def load_model_config(directory: Path) -> ModelConfig:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise GatedAttnError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")
+    verify_file(path)
     data = read_json_object(path)
     model_type = data.get("model_type")
     if model_type != MODEL_TYPE:
@@ -293,17 +295,25 @@ def load_model_config(directory: Path) -> ModelConfig:
     return ModelConfig.from_dict(data)
 
 
-def read_safetensors(path: Path, map_location="cpu") -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors file; a missing, truncated or corrupt file is a clear error."""
+def read_safetensors(path: Path, map_location="cpu", *, finite: bool = True) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file, checked against the directory's ``checksums.json``
+    (hashed while read); a missing, truncated, corrupt or damaged file, or (``finite``) a
+    tensor holding NaN or infinity, is a clear error."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
+    from gatedattn.integrity import check_finite, read_verified
+
+    path = Path(path)
     if not path.is_file():
         raise GatedAttnError(f"{path} is missing")
     try:
-        return load_file(str(path), device=str(map_location))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        state = load(read_verified(path))
+    except (SafetensorError, ValueError, RuntimeError) as e:
         raise GatedAttnError(f"{path} is truncated or corrupt ({e})") from None
+    if finite:
+        check_finite(state, path)
+    return {k: v.to(map_location) for k, v in state.items()} if str(map_location) != "cpu" else state
 
 
 def check_state_dict(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: Any) -> None:

@@ -194,7 +194,8 @@ def analyze(
       (None without one; F-Attn counts only key 0, never the sink);
     - ``m_act`` (max over layers of max |h| of the block output), ``m_act_per_layer``,
       ``m_act_ratio_per_layer`` (max |h| / median |h|; the median is the median of
-      per-batch medians) and ``m_act_ratio`` (their max over layers),
+      per-batch medians), ``m_act_ratio`` (the ratio at ``m_act_layer``, so it
+      describes ``m_act`` itself) and ``m_act_ratio_max`` (the largest ratio of any layer),
       ``m_act_median_per_layer``, ``m_act_layer`` (the layer of ``m_act``) and
       ``m_act_location_per_layer`` ([sequence, position, channel] of each layer's max);
     - gates (all ``None`` for an ungated model): ``gate_mean``, ``gate_frac_below_0.01``,
@@ -274,7 +275,8 @@ def _activation_results(probe: Probe) -> dict[str, Any]:
         "m_act": _num(acts[top].max_abs),
         "m_act_layer": top,
         "m_act_per_layer": _nums(a.max_abs for a in acts),
-        "m_act_ratio": _num(max(ratios)),
+        "m_act_ratio": _num(ratios[top]),
+        "m_act_ratio_max": _num(max(ratios)),
         "m_act_ratio_per_layer": _nums(ratios),
         "m_act_median_per_layer": _nums(a.median_abs for a in acts),
         "m_act_location_per_layer": [list(a.where) if a.where is not None else None for a in acts],

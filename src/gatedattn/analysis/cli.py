@@ -116,6 +116,7 @@ def _load(args: argparse.Namespace):
     if not Path(args.model).is_dir():
         raise GatedAttnError(f"model directory not found: {args.model}")
     data = TokenData(_data_dir(args))  # before the (possibly large) model: fail fast
+    _check_same_tokenizer(Path(args.model), data, args.force)
     model = load_any(args.model, device=device)
     vocab = getattr(model.cfg, "vocab_size", None)
     if vocab is not None and data.vocab_size > vocab:
@@ -124,6 +125,33 @@ def _load(args: argparse.Namespace):
             f"prepare the data with the model's tokenizer (gatedattn data prepare --tokenizer ...)"
         )
     return model, data
+
+
+def _check_same_tokenizer(model_dir: Path, data, force: bool) -> None:
+    """The model's ``tokenizer.json`` (when it has one) must tokenize like the data's:
+    same vocabulary, merges and added tokens. ``--force`` skips the check."""
+    from gatedattn.integrity import tokenizer_fingerprint
+
+    mine = model_dir / "tokenizer.json"
+    if force or not mine.is_file():
+        return
+    theirs = data.data_dir / data.manifest.tokenizer_file
+    if tokenizer_fingerprint(mine) != tokenizer_fingerprint(theirs):
+        raise GatedAttnError(f"{theirs} is not the tokenizer the model was trained with ({mine}); the token ids "
+                             f"would mean other text. Use data prepared with it (data prepare --tokenizer {mine}), "
+                             f"or pass --force")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output location can be written, before any work."""
+    from gatedattn.io import check_writable
+
+    if args.out is not None:
+        check_writable(args.out, "--out")
+    if getattr(args, "plots", None) is not None:
+        check_writable(args.plots, "--plots", kind="dir")
+    if getattr(args, "plot", None) is not None:
+        check_writable(args.plot, "--plot")
 
 
 def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
@@ -137,6 +165,9 @@ def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
 def _run_analyze(args: argparse.Namespace) -> int:
     from gatedattn.analysis.analyze import analyze, format_analysis
 
+    if not 0.0 < args.eps < 1.0:
+        raise GatedAttnError(f"--eps {args.eps}: the sink threshold is an attention weight, in (0, 1)")
+    _check_outputs(args)
     model, data = _load(args)
     seq_len = args.seq_len or min(model.cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
     batches = data.val_batches(seq_len=seq_len, batch_size=args.batch_size, max_batches=args.batches)
@@ -174,6 +205,7 @@ def _analysis_plots(r: dict[str, Any], out: Path) -> list[Path]:
 def _run_extrapolate(args: argparse.Namespace) -> int:
     from gatedattn.analysis.analyze import extrapolate, extrapolation_curves, format_extrapolation
 
+    _check_outputs(args)
     model, data = _load(args)
     result = extrapolate(model, data, train_len=args.train_len, multiples=args.multiples, methods=args.methods,
                          tokens=args.tokens, batch_size=args.batch_size)
@@ -197,6 +229,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result to FILE")
+    p.add_argument("--force", action="store_true",
+                   help="use --data even when its tokenizer differs from the model's tokenizer.json")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -142,6 +142,20 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _hash_and_max(path: Path, dtype: np.dtype, chunk: int = 1 << 22) -> tuple[str, int | None]:
+    """sha256 of a token stream and its largest token id (None when empty), in one read."""
+    h = hashlib.sha256()
+    top = None
+    with open(path, "rb") as f:
+        while block := f.read(chunk - chunk % dtype.itemsize):
+            h.update(block)
+            ids = np.frombuffer(block, dtype=dtype)
+            if ids.size:
+                m = int(ids.max())
+                top = m if top is None else max(top, m)
+    return h.hexdigest(), top
+
+
 def _indices(rows: range | slice, n: int) -> range:
     """``rows`` as a range of row indices into a global batch of ``n`` rows."""
     if isinstance(rows, slice):
@@ -172,6 +186,13 @@ class TokenData:
         self.val = self._open(m.val, "val", verify)
         self._tokenizer = None
 
+    def check_tokenizer(self) -> None:
+        """Load the tokenizer and check it against the manifest's vocabulary (a damaged
+        ``tokenizer.json`` is refused before a run copies it into its model)."""
+        from gatedattn.integrity import check_tokenizer
+
+        check_tokenizer(self.data_dir / self.manifest.tokenizer_file, self.vocab_size, what="data tokenizer")
+
     def _open(self, info: SplitInfo, name: str, verify: bool) -> np.ndarray:
         path = self.data_dir / info.file
         if not path.is_file():
@@ -184,8 +205,13 @@ class TokenData:
                 f"{path}: {size} bytes, but the manifest says {info.tokens} {dtype.name} tokens "
                 f"({expected} bytes); prepare the data again"
             )
-        if verify and sha256_file(path) != info.sha256:
-            raise GatedAttnError(f"{path}: sha256 differs from manifest.json; the file changed since prepare")
+        if verify:
+            digest, top = _hash_and_max(path, dtype)
+            if digest != info.sha256:
+                raise GatedAttnError(f"{path}: sha256 differs from manifest.json; the file changed since prepare")
+            if top is not None and top >= self.manifest.vocab_size:
+                raise GatedAttnError(f"{path}: token id {top} is outside the vocabulary of {self.manifest.vocab_size} "
+                                     f"(manifest.json field 'vocab_size'); prepare the data again")
         if info.tokens == 0:
             return np.zeros(0, dtype=dtype)
         return np.memmap(path, dtype=dtype, mode="r")

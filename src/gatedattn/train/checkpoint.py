@@ -17,6 +17,7 @@ pointing at a complete checkpoint.
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import re
@@ -36,6 +37,7 @@ from gatedattn.io import (
     replace_dir,
     temp_dir_beside,
 )
+from gatedattn.integrity import read_verified, record
 from gatedattn.model import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
 
 CKPT_DIR = "checkpoints"
@@ -82,7 +84,7 @@ def write_model_dir(directory: Path, state: dict[str, torch.Tensor], cfg: ModelC
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
     atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
-    atomic_write_json(directory / CONFIG_FILE, cfg.to_dict())
+    record(atomic_write_json(directory / CONFIG_FILE, cfg.to_dict()))
 
 
 # ---------------------------------------------------------------------------- save / find / load
@@ -162,13 +164,15 @@ def read_info(ckpt: Path) -> dict[str, Any]:
 
 def load_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(model state dict, trainer state) of a checkpoint directory, on the CPU."""
-    model_state = read_safetensors(ckpt / WEIGHTS_FILE)
+    model_state = read_safetensors(ckpt / WEIGHTS_FILE, finite=False)  # a diverged run's last state resumes
     path = ckpt / STATE_FILE
     if not path.is_file():
         raise GatedAttnError(f"{path} is missing")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(read_verified(path)), map_location="cpu", weights_only=True)
     except Exception as e:  # unpickling errors come in many types
+        if isinstance(e, GatedAttnError):
+            raise
         raise GatedAttnError(f"{path} is truncated or corrupt ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise GatedAttnError(f"{path}: unknown trainer state format {state.get('format') if isinstance(state, dict) else None!r}")

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from gatedattn.data import TokenData
 from gatedattn.errors import GatedAttnError
+from gatedattn.integrity import record as record_checksum
 from gatedattn.io import atomic_write_json, check_writable, json_safe, replace_dir, temp_dir_beside
 from gatedattn.model import GatedLM, ModelConfig, check_state_dict
 from gatedattn.precision import resolve_dtype
@@ -138,7 +139,8 @@ def train(cfg: TrainConfig, eval_hook: EvalHook | None = None, *, resume: bool =
 
 def _train(cfg: TrainConfig, eval_hook: EvalHook | None, resume: bool, env: D.DistEnv) -> TrainResult:
     world, device = env.world_size, env.device
-    data = TokenData(cfg.data_dir)
+    data = TokenData(cfg.data_dir, verify=True)  # checksums and token ids, one read of each stream
+    data.check_tokenizer()
     _check_data(data, cfg)
     model_cfg = cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
     if cfg.fsdp and not env.distributed:
@@ -325,6 +327,7 @@ def _write_final(out: Path, mstate: dict[str, torch.Tensor], model_cfg: ModelCon
     try:
         ckpt_mod.write_model_dir(tmp, mstate, model_cfg)
         shutil.copyfile(data.data_dir / data.manifest.tokenizer_file, tmp / "tokenizer.json")
+        record_checksum(tmp / "tokenizer.json")
         replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
