@@ -9,6 +9,7 @@ checkpoint (stock, Qwen3-Next or the paper's official layout), atomically.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from gatedattn.device import resolve_device
 from gatedattn.errors import GatedAttnError
-from gatedattn.io import replace_dir
+from gatedattn.io import check_writable, replace_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -29,34 +30,51 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # --------------------------------------------------------------------------- generate
 def _load_tokenizer(path: Path):
-    from tokenizers import Tokenizer
+    """A tokenizers ``Tokenizer`` with at least two tokens (:func:`gatedattn.integrity.check_tokenizer`)."""
+    from gatedattn.integrity import check_tokenizer
 
     if not path.is_file():
         raise GatedAttnError(f"tokenizer {path} is missing; pass --tokenizer PATH/tokenizer.json")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # the tokenizers library raises plain Exceptions
-        raise GatedAttnError(f"{path} is not a tokenizers JSON file ({e})") from None
+    return check_tokenizer(path)
+
+
+def _check_tokenizer_matches(model_dir: Path, tokenizer: Path, force: bool) -> None:
+    """A ``--tokenizer`` other than the model's own ``tokenizer.json`` must tokenize alike
+    (vocabulary, merges, added tokens) unless ``force``."""
+    from gatedattn.integrity import tokenizer_fingerprint
+
+    own = model_dir / "tokenizer.json"
+    if force or not own.is_file() or own.resolve() == tokenizer.resolve():
+        return
+    if tokenizer_fingerprint(own) != tokenizer_fingerprint(tokenizer):
+        raise GatedAttnError(f"--tokenizer {tokenizer} is not the model's tokenizer ({own}); pass --force to use it")
 
 
 def _device(name: str) -> torch.device:
     return resolve_device(name)
 
 
-def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
+def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | None = None, temperature: float = 0.8,
                   top_k: int | None = None, seed: int = 0, tokenizer: str | Path | None = None,
-                  device: str = "cpu") -> str:
-    """Prompt plus continuation, decoded. BOS is prepended when the model config has one."""
+                  device: str = "cpu", force: bool = False) -> str:
+    """Prompt plus continuation, decoded. BOS is prepended when the model config has one.
+    ``max_new_tokens`` (default: 64, or what the model's context leaves) must fit the context."""
     from gatedattn.hf.load import load_model
 
-    if max_new_tokens < 0:
+    if max_new_tokens is not None and max_new_tokens < 0:
         raise GatedAttnError(f"--max-new-tokens {max_new_tokens} must be >= 0")
-    if temperature < 0:
-        raise GatedAttnError(f"--temperature {temperature} must be >= 0 (0 is greedy)")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise GatedAttnError(f"--temperature {temperature} must be a finite number >= 0 (0 is greedy)")
     if top_k is not None and top_k < 1:
         raise GatedAttnError(f"--top-k {top_k} must be >= 1")
+    if not 0 <= seed < 2**63:
+        raise GatedAttnError(f"--seed {seed} must be an integer in [0, 2**63)")
     model_dir = Path(model_dir)
-    tok = _load_tokenizer(Path(tokenizer) if tokenizer else model_dir / "tokenizer.json")
+    if not model_dir.is_dir():
+        raise GatedAttnError(f"model directory not found: {model_dir}")
+    tok_path = Path(tokenizer) if tokenizer else model_dir / "tokenizer.json"
+    tok = _load_tokenizer(tok_path)
+    _check_tokenizer_matches(model_dir, tok_path, force)
     dev = _device(device)
     model = load_model(model_dir, device=dev)
     cfg = model.cfg
@@ -65,6 +83,12 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int = 6
         ids = [cfg.bos_token_id] + ids
     if not ids:
         raise GatedAttnError("the prompt is empty and the model has no bos_token_id to start from")
+    context = getattr(cfg, "max_seq_len", None)
+    if max_new_tokens is None:
+        max_new_tokens = 64 if context is None else max(0, min(64, context - len(ids)))
+    if context is not None and len(ids) + max_new_tokens > context:
+        raise GatedAttnError(f"--max-new-tokens {max_new_tokens}: the prompt ({len(ids)} tokens) plus the new tokens "
+                             f"exceed the model's context of {context} tokens")
     bad = [i for i in ids if i >= cfg.vocab_size]
     if bad:
         raise GatedAttnError(f"the tokenizer produced id {bad[0]} but the model's vocab_size is {cfg.vocab_size}; "
@@ -78,7 +102,8 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int = 6
 
 def _generate(args: argparse.Namespace) -> int:
     print(generate_text(args.model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                        top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer, device=args.device))
+                        top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
+                        force=args.force))
     return 0
 
 
@@ -112,8 +137,9 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
         raise GatedAttnError(f"--to {dst} is the --from directory; write somewhere else")
     if _is_nonempty(dst) and not force:
         raise GatedAttnError(f"--to {dst} exists and is not empty; pass --force to replace it")
-    if dst.exists() and not dst.is_dir():
-        raise GatedAttnError(f"--to {dst} exists and is not a directory")
+    check_writable(dst, "--to", kind="dir")
+    if not src.is_dir():
+        raise GatedAttnError(f"--from {src}: model directory not found")
     model = load_model(src)
     if variant is not None:
         torch.manual_seed(seed)
@@ -157,12 +183,14 @@ def register(sub) -> None:
                                    "--tokenizer is given; BOS is prepended when the model config has one.")
     g.add_argument("--model", required=True, metavar="DIR", help="gatedattn or importable HF model directory")
     g.add_argument("--prompt", required=True, metavar="TEXT")
-    g.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    g.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="tokens to sample (default 64, or fewer where the model's context ends)")
     g.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 is greedy (default 0.8)")
     g.add_argument("--top-k", type=int, default=None, metavar="K")
     g.add_argument("--seed", type=int, default=0, metavar="S")
     g.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json (default DIR/tokenizer.json)")
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    g.add_argument("--force", action="store_true", help="use a --tokenizer other than the model's tokenizer.json")
     g.set_defaults(func=_generate)
 
     c = sub.add_parser("convert", help="import a model directory, optionally add a gate, save it (atomically)",
