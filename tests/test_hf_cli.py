@@ -58,7 +58,7 @@ def test_register_builds_both_subcommands():
     args = parser.parse_args(["convert", "--from", "a", "--to", "b", "--variant", "gated", "--format", "hf"])
     assert args.func is hf_cli._convert and (args.from_dir, args.to, args.variant) == ("a", "b", "gated")
     args = parser.parse_args(["generate", "--model", "m", "--prompt", "hi", "--top-k", "5"])
-    assert args.func is hf_cli._generate and args.top_k == 5 and args.max_new_tokens == 64
+    assert args.func is hf_cli._generate and args.top_k == 5 and args.max_new_tokens is None
 
 
 def test_convert_with_gate_then_generate(hf_dir, tmp_path, capsys):

@@ -39,7 +39,7 @@ def test_save_load_is_bit_exact(tmp_path, tie):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checksums.json", "config.json", "model.safetensors"]
     again = GatedLM.from_pretrained(tmp_path)
     assert again.cfg == model.cfg
     ids = torch.randint(0, 97, (2, 9))
@@ -65,6 +65,9 @@ def test_corrupt_checkpoints_fail_clearly(tmp_path):
     weights = tmp_path / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(GatedAttnError, match="differs from checksums.json; the file is damaged|the file is damaged"):
+        GatedLM.from_pretrained(tmp_path)
+    (tmp_path / "checksums.json").unlink()  # a file from elsewhere: the format checks still apply
     with pytest.raises(GatedAttnError, match="truncated or corrupt"):
         GatedLM.from_pretrained(tmp_path)
     from safetensors.torch import save_file

@@ -17,7 +17,7 @@ from gatedattn.train import TrainConfig
 TRAIN_VALUES = {
     "data_dir": ("d2", "d2"), "out_dir": ("o2", "o2"),
     "model.size": ("tiny", "tiny"), "model.variant": ("hyga", "hyga"),
-    "model.n_layers": ("3", 3), "model.ffn_dim": ("100", 100), "model.max_seq_len": ("64", 64),
+    "model.n_layers": ("3", 3), "model.ffn_dim": ("100", 100), "model.max_seq_len": ("512", 512),
     "model.tie_embeddings": ("false", False), "model.norm_eps": ("1e-5", 1e-5), "model.init_std": ("0.03", 0.03),
     "model.attention.kv": ("mla", "mla"), "model.attention.qk_norm": ("false", False),
     "model.attention.qkv_bias": ("true", True), "model.attention.o_bias": ("true", True),

@@ -27,6 +27,12 @@ class KVCache:
             return self.latent.shape[1]
         return 0 if self.k is None else self.k.shape[2]
 
+    @property
+    def batch_size(self) -> int | None:
+        """The batch the cache holds (None while empty)."""
+        held = self.latent if self.latent is not None else self.k
+        return None if held is None else held.shape[0]
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
         self.v = v if self.v is None else torch.cat((self.v, v), dim=2)

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatedattn.errors import ConfigError, check_choice
+from gatedattn.errors import check_types, ConfigError, check_choice
 from gatedattn.settings import option
 
 GATE_POSITIONS = ("g1", "g2", "g3", "g4", "g5")
@@ -55,6 +55,7 @@ class RopeConfig:
     beta_slow: float = option(1.0, help="YaRN: rotations per context below which a channel is fully interpolated")
 
     def __post_init__(self) -> None:
+        check_types(self)
         _positive("RopeConfig", "theta", self.theta)
         if not 0.0 <= self.fraction <= 1.0:
             raise ConfigError(f"RopeConfig.fraction={self.fraction!r} must be in [0, 1]")
@@ -80,6 +81,7 @@ class MLAConfig:
     q_rank: int = option(0, help="width of the query latent (0: a full-rank query projection)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         _positive("MLAConfig", "kv_rank", self.kv_rank)
         _positive("MLAConfig", "rope_dim", self.rope_dim)
         if self.rope_dim % 2:
@@ -118,6 +120,7 @@ class GateConfig:
     cross_head: bool = option(False, help="HyGA C-gate: a headwise sigmoid computed from all heads' outputs")
 
     def __post_init__(self) -> None:
+        check_types(self)
         owner = "GateConfig"
         check_choice(owner, "position", self.position, GATE_POSITIONS)
         check_choice(owner, "granularity", self.granularity, GRANULARITIES)
@@ -187,6 +190,7 @@ class AttentionConfig:
     kernel: str = option("auto", help="attention core: auto, sdpa, flash-lse (returns the log-sum-exp), reference")
 
     def __post_init__(self) -> None:
+        check_types(self)
         owner = "AttentionConfig"
         _positive(owner, "d_model", self.d_model)
         _positive(owner, "n_heads", self.n_heads)

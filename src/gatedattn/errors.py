@@ -14,6 +14,39 @@ class ConfigError(GatedAttnError, ValueError):
     """An invalid configuration; the message names the field and the allowed values."""
 
 
+def check_types(obj) -> None:
+    """Raise ConfigError naming the first field of the dataclass ``obj`` whose value does not
+    have its declared type (``int``, ``float``, ``bool``, ``str``, or one of them ``| None``);
+    an int given for a float field becomes a float. Other field types are left to the
+    class's own checks."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        typ, value = hints[f.name], getattr(obj, f.name)
+        args = typing.get_args(typ)
+        optional = type(None) in args
+        if optional:
+            inner = [a for a in args if a is not type(None)]
+            if len(inner) != 1:
+                continue
+            typ = inner[0]
+            if value is None:
+                continue
+        if typ not in (int, float, bool, str):
+            continue
+        ok = (isinstance(value, bool) if typ is bool else
+              isinstance(value, (int, float)) and not isinstance(value, bool) if typ is float else
+              isinstance(value, int) and not isinstance(value, bool) if typ is int else isinstance(value, str))
+        if not ok:
+            kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[typ]
+            raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be {kind}"
+                              + (" or null" if optional else ""))
+        if typ is float and isinstance(value, int):
+            object.__setattr__(obj, f.name, float(value))
+
+
 def check_choice(owner: str, field: str, value, allowed) -> None:
     """Raise ConfigError unless ``value`` is one of ``allowed``."""
     if value not in allowed:

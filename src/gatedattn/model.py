@@ -20,7 +20,7 @@ from torch import nn
 from gatedattn.attention import Attention
 from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
-from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.errors import ConfigError, GatedAttnError, check_types
 from gatedattn.gates import Gate
 from gatedattn.io import atomic_save_safetensors, atomic_write_json, read_json_object
 from gatedattn.integrity import record as record_checksum, verify_file
@@ -66,6 +66,7 @@ class ModelConfig:
     eos_token_id: int | None = option(None, set=False, help="end-of-sequence token (from the data)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         for name in ("vocab_size", "n_layers", "ffn_dim", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} must be > 0")
@@ -189,11 +190,31 @@ class GatedLM(nn.Module):
             elif isinstance(module, Attention) and module.sink is not None:
                 nn.init.zeros_(module.sink)
 
+    def _check_input(self, ids: torch.Tensor, caches: list[KVCache] | None) -> None:
+        """Refuse, naming the problem, token ids that are not a (batch, time) integer tensor
+        within the vocabulary, and caches that do not fit them."""
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.is_complex():
+            what = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+            raise GatedAttnError(f"GatedLM input must be integer token ids of shape (batch, time), got {what}")
+        if not torch.compiler.is_compiling() and ids.device.type == "cpu" and ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.cfg.vocab_size:
+                raise GatedAttnError(f"GatedLM input holds token id {hi if hi >= self.cfg.vocab_size else lo}, "
+                                     f"outside the vocabulary [0, {self.cfg.vocab_size})")
+        if caches is not None:
+            if len(caches) != len(self.blocks):
+                raise GatedAttnError(f"GatedLM got {len(caches)} caches for {len(self.blocks)} layers; use model.new_cache()")
+            batch = caches[0].batch_size
+            if batch is not None and batch != ids.shape[0]:
+                raise GatedAttnError(f"the KV cache holds a batch of {batch}, the input a batch of {ids.shape[0]}; "
+                                     f"start a new cache (model.new_cache())")
+
     def new_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.blocks]
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 caches: list[KVCache] | None = None) -> torch.Tensor:
+        self._check_input(ids, caches)
         x = self.embed(ids)  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, positions=positions, cache=caches[i] if caches is not None else None)

@@ -71,7 +71,7 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
         raise GatedAttnError(f"--seed {seed} must be an integer in [0, 2**63)")
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise GatedAttnError(f"model directory not found: {model_dir}")
+        raise GatedAttnError(f"--model {model_dir} is not a directory (no model there)")
     tok_path = Path(tokenizer) if tokenizer else model_dir / "tokenizer.json"
     tok = _load_tokenizer(tok_path)
     _check_tokenizer_matches(model_dir, tok_path, force)
@@ -139,7 +139,7 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
         raise GatedAttnError(f"--to {dst} exists and is not empty; pass --force to replace it")
     check_writable(dst, "--to", kind="dir")
     if not src.is_dir():
-        raise GatedAttnError(f"--from {src}: model directory not found")
+        raise GatedAttnError(f"--from {src} is not a directory (no model there)")
     model = load_model(src)
     if variant is not None:
         torch.manual_seed(seed)
