@@ -204,7 +204,7 @@ class GatedLM(nn.Module):
         if caches is not None:
             if len(caches) != len(self.blocks):
                 raise GatedAttnError(f"GatedLM got {len(caches)} caches for {len(self.blocks)} layers; use model.new_cache()")
-            batch = caches[0].batch_size
+            batch = getattr(caches[0], "batch_size", None)  # (adapters of other cache types: unchecked)
             if batch is not None and batch != ids.shape[0]:
                 raise GatedAttnError(f"the KV cache holds a batch of {batch}, the input a batch of {ids.shape[0]}; "
                                      f"start a new cache (model.new_cache())")
