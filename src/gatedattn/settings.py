@@ -189,8 +189,6 @@ def parse_sets(cls: type, items: list[str] | tuple[str, ...],
         s = resolve(key, known)
         if flags and s.key in flags:
             raise ConfigError(f"--set {key}: {s.key} is set by {flags[s.key]}, not --set")
-        if s.path in out:
-            raise ConfigError(f"--set {s.key} is given twice; give it once")
         out[s.path] = parse_value(text, s.type, s.key)
     return out
 

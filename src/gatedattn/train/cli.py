@@ -73,9 +73,13 @@ def _train_config(args) -> tuple[TrainConfig, bool]:
     return TrainConfig.from_sets(_base(args), args.set, FLAG_KEYS), bool(args.resume)
 
 
-def _check_warmup(cfg: TrainConfig) -> None:
+def _check_warmup(cfg: TrainConfig, sets: list[str]) -> None:
+    """A warm-up longer than the run is an error when ``--set warmup_steps`` asked for it
+    (train() itself warns when it is the default's)."""
+    from gatedattn.train.config import parse_sets
+
     problem = cfg.warmup_problem()
-    if problem is not None:
+    if problem is not None and "warmup_steps" in parse_sets(sets):
         raise GatedAttnError(problem)
 
 
@@ -105,7 +109,7 @@ def _train(args) -> int:
     from gatedattn.train.loop import train
 
     cfg, resume = _train_config(args)
-    _check_warmup(cfg)
+    _check_warmup(cfg, args.set)
     result = train(cfg, resume=resume)
     if _is_main():
         print(json.dumps(json_safe(result.to_dict()), indent=2) if args.json else _summary_line(result))
@@ -130,7 +134,7 @@ def _sweep(args) -> int:
         if s < 0:
             raise GatedAttnError(f"--seeds: {s} is negative; seeds are integers >= 0")
     for lr in lrs:
-        _check_warmup(base.replace(lr=lr))
+        _check_warmup(base.replace(lr=lr), args.set)
     rows = sweep(base, variants, lrs, seeds, resume=args.resume)
     if _is_main():
         if args.json:

@@ -14,7 +14,6 @@ import shutil
 import signal
 import sys
 import threading
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,9 +126,6 @@ def train(cfg: TrainConfig, eval_hook: EvalHook | None = None, *, resume: bool =
         if getattr(cfg, name) is None:
             raise GatedAttnError(f"train() needs TrainConfig.{name}; it is None")
     check_writable(cfg.out_dir, "--out", kind="dir")
-    problem = cfg.warmup_problem()
-    if problem is not None:
-        warnings.warn(problem, stacklevel=2)
     env = D.setup(cfg.device)
     try:
         return _train(cfg, eval_hook, resume, env)
@@ -152,6 +148,9 @@ def _train(cfg: TrainConfig, eval_hook: EvalHook | None, resume: bool, env: D.Di
     # ---- every input is good: from here on the run writes files
     log: MetricsLog | None = None
     if env.is_main:
+        problem = cfg.warmup_problem(world)
+        if problem is not None:
+            print(f"warning: {problem}", file=sys.stderr, flush=True)
         if resumed or (resume and out.is_dir()):
             ckpt_mod.cleanup_temporaries(out)
         rundir.write_run_files(out, plan["identity"], device, world, resolve_dtype(cfg.dtype, device).as_dict())
