@@ -416,7 +416,7 @@ def test_existing_or_incompatible_run_is_refused_untouched(data_dir, tmp_path, c
     train(make_cfg(data_dir, run, steps=4, ckpt_every=2, stop_at_step=2))
     before = snapshot(run)
     base = ["train", "--preset", "micro", "--data", str(data_dir), "--out", str(run), "--variant", "gated",
-            "--set", "seq_len=32", "--set", "micro_batch=4", "--set", "steps=4", "--set", "warmup_steps=1",
+            "--set", "seq_len=32", "--set", "micro_batch=4", "--set", "steps=4", "--set", "warmup_steps=2",
             "--set", "lr=3e-3", "--set", "eval_batches=1", "--set", "progress=false", "--set", "dtype=fp32"]
     for extra, message in [
         (["--set", "lr=1e-2"], "holds a run with a different config (train.lr: 0.003 there, 0.01 here)"),
@@ -425,7 +425,7 @@ def test_existing_or_incompatible_run_is_refused_untouched(data_dir, tmp_path, c
         (["--resume", "--variant", "baseline"], "train.model.variant: 'gated' there, 'baseline' here"),
         (["--resume", "--set", "micro_batch=2", "--set", "grad_accum=2"], "train.micro_batch"),
         (["--resume", "--set", "model.n_layers=3"], "different config (train.model.lm.n_layers"),
-        (["--resume", "--set", "steps=1"], "checkpoint is at step 2, beyond the 1 steps"),
+        (["--resume", "--set", "steps=1"], "warmup_steps=2 exceeds the 1 steps of the run"),
     ]:
         assert main(base + extra) == 2, extra
         err = capsys.readouterr().err
