@@ -19,12 +19,13 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,6 +39,7 @@ from gatedattn.io import atomic_write_json
 from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.report import write_lr_report, write_report
+from gatedattn.reproduce.timing import interleaved_times
 from gatedattn.train import TrainConfig, train
 from gatedattn.variants import VARIANTS
 
@@ -179,23 +181,27 @@ def code_version() -> str:
     return f"commit {commit}{' + local changes' if dirty else ''}" if commit else "unknown commit"
 
 
-def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int = 4, warmup: int = 2) -> float:
-    """Seconds per training step (forward, backward, AdamW) of ``variant`` here."""
+def make_step(cfg: ReproduceConfig, variant: str, data: TokenData) -> Callable[[], None]:
+    """One training step (forward, backward, AdamW) of a fresh ``variant`` model, as a function."""
     tcfg = cfg.train_config(variant, 0, steps=10, out_dir="unused")
     model = GatedLM(tcfg.model_config(data.vocab_size, data.bos_id, data.eos_id))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = data.train_batch(0, range(cfg.micro_batch), global_batch=cfg.micro_batch, seq_len=cfg.seq_len, seed=0)
-    times = []
-    for i in range(warmup + repeats):
-        t0 = time.perf_counter()
+
+    def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
             loss = model.loss(batch)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+
+    return step
+
+
+def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int = 4, warmup: int = 2) -> float:
+    """Seconds per training step (forward, backward, AdamW) of ``variant`` here (median)."""
+    times = interleaved_times({variant: make_step(cfg, variant, data)}, rounds=repeats, repeats=1, warmup=warmup)
+    return statistics.median(times[variant])
 
 
 def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -> tuple[int, dict[str, float]]:
@@ -322,8 +328,10 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
 
     results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
     if results["variants"]:
-        _say("timing a training step of each variant, back to back")
-        results["step_time"] = {v: time_step(cfg, v, data) for v in variants_run}
+        _say("timing training steps of each variant in interleaved rounds")
+        samples = interleaved_times({v: make_step(cfg, v, data) for v in variants_run})
+        results["step_time_samples"] = samples
+        results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
     n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10, out_dir="x")
                                               .model_config(data.vocab_size)).parameters())
     n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[cfg.preset]
