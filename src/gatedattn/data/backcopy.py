@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,8 +222,6 @@ class BigramBackcopy:
             atomic_write(tmp / MANIFEST_FILE, manifest.save)
             replace_dir(tmp, out)
         except BaseException:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return out

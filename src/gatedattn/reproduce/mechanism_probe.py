@@ -94,7 +94,8 @@ def measure(model: nn.Module, batch: np.ndarray | Tensor, task: BigramBackcopy) 
         per["m_act"][layer], per["m_act_ratio"][layer] = m["max_abs"], m["ratio"]
 
     def on_gate(layer: int, name: str, scores: Tensor) -> None:
-        gate_parts[layer].append(scores.double())
+        B, T = scores.shape[:2]  # (B, T, G, D) elementwise, (B, T, G) or (B, T, G, 1) headwise
+        gate_parts[layer].append(scores.double().reshape(B, T, scores.shape[2] if scores.dim() > 2 else 1, -1))
 
     handles = [_value_hook(b.attn, i, per) for i, b in enumerate(blocks)]
     try:
@@ -107,7 +108,7 @@ def measure(model: nn.Module, batch: np.ndarray | Tensor, task: BigramBackcopy) 
         if parts:
             effective = parts[0]
             for s in parts[1:]:
-                effective = effective * s  # (B, T, G, D) and (B, T, G, 1) broadcast
+                effective = effective * s  # (B, T, G, D) times (B, T, G, 1)
             g = effective.flatten(2).mean(-1)  # (B, T)
             per["gate_trigger"][layer] = _class_mean(g, trig)
             per["gate_ordinary"][layer] = _class_mean(g, ordi)

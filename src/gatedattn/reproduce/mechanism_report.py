@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from gatedattn.analysis import plots
 from gatedattn.io import atomic_write_text
