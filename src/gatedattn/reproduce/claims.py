@@ -105,7 +105,7 @@ def sink_shown(results: dict, variant: str = "baseline") -> str | None:
     uniform = uniform_first_token_attention(n)
     if f_attn["mean"] >= SINK_OVER_UNIFORM * uniform and sink_eps["mean"] > 0:
         return None
-    return (f"the {variant} formed no sink at this budget (F-Attn {format_stat(f_attn)}, uniform {uniform:.3f}, "
+    return (f"the {variant} shows no sink by this rule at this budget (F-Attn {format_stat(f_attn)}, uniform {uniform:.3f}, "
             f"needs ≥ {SINK_OVER_UNIFORM:g}× uniform; Sink^ε {format_stat(sink_eps)}, needs > 0)")
 
 

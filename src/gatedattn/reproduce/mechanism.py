@@ -230,7 +230,7 @@ def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict
             summary[v]["final_train_loss"] = _stat([r["final_loss"] for r in runs])
         view = {"summary": summary, "config": {"seq_len": cfg.seq_len}}
         depths[str(depth)] = {"summary": summary, "claims": judge_mechanism(view),
-                              "runs": {v: [{k: r[k] for k in ("seed", "curve", "final_loss", "wall_seconds")}
+                              "runs": {v: [{k: r[k] for k in ("seed", "curve", "final_loss", "wall_seconds", "train_seconds")}
                                            for r in runs] for v, runs in by_variant.items()}}
     first = records[0]["final"] if records else {}
     return {
@@ -243,6 +243,7 @@ def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict
                  "uniform_bos_attn_ordinary": first.get("uniform_bos_attn_ordinary"),
                  "uniform_bos_attn_trigger": first.get("uniform_bos_attn_trigger")},
         "depths": depths,
+        "run_minutes": sum(r["wall_seconds"] for r in records) / 60,
     }
 
 

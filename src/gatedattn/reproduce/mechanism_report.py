@@ -122,6 +122,10 @@ def mechanism_section(results: dict, out: Path, heading: str = "##") -> list[str
     return lines
 
 
+def _all_runs(results: dict) -> list[dict]:
+    return [r for block in results["depths"].values() for runs in block["runs"].values() for r in runs]
+
+
 def write_mechanism_report(results: dict, out: str | Path) -> Path:
     """``report.md`` of a mechanism study alone, with its plots."""
     out = Path(out)
@@ -137,7 +141,8 @@ def write_mechanism_report(results: dict, out: str | Path) -> Path:
              f"| machine | {meta['machine']} |",
              f"| software | python {meta['python']}, torch {meta['torch']}, gatedattn {meta['gatedattn']} "
              f"({meta['code_version']}) |",
-             f"| date | {meta['started']} · {meta['duration_min']:.1f} min ({cfg['workers']} run(s) at a time) |",
+             f"| date | {meta['started']} · this invocation {meta['duration_min']:.1f} min; the {len(_all_runs(results))} "
+             f"runs took {results['run_minutes']:.1f} min summed ({cfg['workers']} at a time; finished runs are reused) |",
              f"| model | `toy` preset: d_model 64, 1 head of 64, SwiGLU 128, RoPE, no q/k norm, tied embeddings; "
              f"depths {', '.join(map(str, cfg['depths']))} (deeper ones: {', '.join(cfg['deep_variants']) or 'none'}) |",
              f"| training | {cfg['steps']} steps × {cfg['micro_batch']} sequences of BOS + {cfg['seq_len']} tokens, "
