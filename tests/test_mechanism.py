@@ -276,6 +276,6 @@ def test_quick_mechanism_study_end_to_end(tmp_path):
     report = (out / "report.md").read_text()
     for png in ("bos_attention_L1", "gate_score_L1"):
         assert (out / f"{png}.png").stat().st_size > 1000 and f"({png}.png)" in report
-    assert "--study mechanism --quick" in report and "Sink^ε > 0" in report
+    assert "gatedattn reproduce --study mechanism" in report and "Sink^ε > 0" in report
     again = main(["reproduce", "--study", "mechanism", "--quick", "--out", str(out), "-q"])  # reuses the runs
     assert again == 0 and json.loads((out / "results.json").read_text())["depths"] == results["depths"]
