@@ -13,7 +13,7 @@ from gatedattn.reproduce import ReproduceConfig
 def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "report"
-    assert main(["reproduce", "--quick", "--out", str(out), "-q"]) == 0
+    assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["variants"]) == {"baseline", "gated"}
     for variant, summary in results["summary"].items():
@@ -39,7 +39,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     assert text.index("## Extra study") < text.index("## Reproduce")
     # a second call reuses the finished runs (resume) and rewrites the same numbers
     before = results["summary"]["gated"]["val_loss"]
-    assert main(["reproduce", "--quick", "--out", str(out), "-q"]) == 0
+    assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["gated"]["val_loss"] == before
 
@@ -90,7 +90,7 @@ def test_lr_study_records_divergence(tmp_path, monkeypatch):
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "lr"
     # 3.0 is far past stability for AdamW: at least one run must diverge and be reported
-    assert main(["reproduce", "--quick", "--study", "lr", "--lrs", "1e-3,3.0", "--steps", "20", "--out", str(out), "-q"]) == 0
+    assert main(["reproduce", "--quick", "--study", "lr", "--lrs", "1e-3,3.0", "--steps", "20", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
     runs = results["lr_study"]["runs"]
     assert {(r["variant"], r["lr"]) for r in runs} == {(v, lr) for v in ("baseline", "gated") for lr in (1e-3, 3.0)}

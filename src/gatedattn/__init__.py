@@ -2,35 +2,51 @@
 
 Gated Attention (Qiu et al. 2025), Hybrid Gated Attention (HyGA) and learnable
 attention sinks as one composable layer, with models, training and analysis.
+
+Names are imported on first use, so ``import gatedattn`` (and the command line's
+``--help``) does not pay for importing PyTorch until a name that needs it is used.
 """
 
-from gatedattn.attention import Attention
-from gatedattn.cache import KVCache
-from gatedattn.config import AttentionConfig, GateConfig, MLAConfig, RopeConfig
-from gatedattn.cost import Cost, cost
-from gatedattn.errors import ConfigError, GatedAttnError
-from gatedattn.model import GatedLM, ModelConfig
-from gatedattn.variants import VARIANTS, get_variant
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from gatedattn.hf.hook import register_when_imported as _register_when_imported
+_EXPORTS = {
+    "Attention": "gatedattn.attention",
+    "KVCache": "gatedattn.cache",
+    "AttentionConfig": "gatedattn.config",
+    "GateConfig": "gatedattn.config",
+    "MLAConfig": "gatedattn.config",
+    "RopeConfig": "gatedattn.config",
+    "Cost": "gatedattn.layer_cost",
+    "cost": "gatedattn.layer_cost",
+    "ConfigError": "gatedattn.errors",
+    "GatedAttnError": "gatedattn.errors",
+    "GatedLM": "gatedattn.model",
+    "ModelConfig": "gatedattn.model",
+    "VARIANTS": "gatedattn.variants",
+    "get_variant": "gatedattn.variants",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gatedattn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+from gatedattn.hf.hook import register_when_imported as _register_when_imported  # noqa: E402
 
 _register_when_imported()  # AutoModelForCausalLM reads "gatedattn" directories once transformers loads
-
-__all__ = [
-    "Attention",
-    "AttentionConfig",
-    "ConfigError",
-    "Cost",
-    "GateConfig",
-    "GatedAttnError",
-    "GatedLM",
-    "KVCache",
-    "MLAConfig",
-    "ModelConfig",
-    "RopeConfig",
-    "VARIANTS",
-    "cost",
-    "get_variant",
-]

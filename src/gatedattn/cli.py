@@ -1,8 +1,10 @@
 """The ``gatedattn`` command line.
 
 Each subcommand lives beside the code it drives and registers itself through a
-``register(subparsers)`` function that sets ``func`` on its parser; this file only
-lists those modules and turns user errors into one-line messages.
+``register(subparsers)`` function that sets ``func`` on its parser. This file lists the
+commands and their one-line help, imports only the module of the command being run (so
+``gatedattn --help``, ``--version`` and a mistyped command answer without importing
+PyTorch), and turns user errors into one-line messages.
 """
 
 from __future__ import annotations
@@ -11,31 +13,60 @@ import argparse
 import importlib
 import sys
 
-from gatedattn.errors import GatedAttnError
+from gatedattn import __version__
 
-SUBCOMMAND_MODULES = (
-    "gatedattn.variants",
-    "gatedattn.data.cli",
-    "gatedattn.analysis.cli",
-    "gatedattn.hf.cli",
-    "gatedattn.train.cli",
-    "gatedattn.reproduce.cli",
-)
+# command -> (module whose register() adds it, one-line help shown by `gatedattn --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "variants": ("gatedattn.variants", "list every attention preset with its parameters and FLOPs"),
+    "data": ("gatedattn.data.cli", "prepare and inspect tokenized datasets"),
+    "train": ("gatedattn.train.cli", "train a model with one attention variant"),
+    "sweep": ("gatedattn.train.cli", "train a grid of variants x learning rates with identical data"),
+    "analyze": ("gatedattn.analysis.cli",
+                "measure a checkpoint: F-Attn, attention sinks, massive activations, gate scores, val loss"),
+    "extrapolate": ("gatedattn.analysis.cli",
+                    "validation loss at multiples of the training length, plain RoPE vs NTK / YaRN"),
+    "generate": ("gatedattn.hf.cli", "sample text from a model directory (gatedattn or HF format), KV-cached"),
+    "convert": ("gatedattn.hf.cli", "import a model directory, optionally add a gate, save it (atomically)"),
+    "reproduce": ("gatedattn.reproduce.cli",
+                  "train baseline and gated variants alike and report the papers' claims"),
+}
+SUBCOMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``command`` (a key of COMMANDS) only that command's module is imported
+    and registered, the others are listed by name and help alone."""
     parser = argparse.ArgumentParser(
         prog="gatedattn",
         description="Gated softmax attention: variants, models, training and analysis.",
     )
+    parser.add_argument("--version", action="version", version=f"gatedattn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    if command in COMMANDS:
+        importlib.import_module(COMMANDS[command][0]).register(sub)
+    else:
+        for name, (_, help_text) in COMMANDS.items():
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command(argv)
+    parser = build_parser(command)
+    try:
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("gatedattn: interrupted", file=sys.stderr)
+        return 130
+    # imported here, with the command: gatedattn.errors is light but the name is only needed now
+    from gatedattn.errors import GatedAttnError
+
     try:
         return int(args.func(args) or 0)
     except (GatedAttnError, ValueError, FileNotFoundError) as e:
@@ -44,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gatedattn {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

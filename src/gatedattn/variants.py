@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gatedattn.config import AttentionConfig, GateConfig
-from gatedattn.cost import cost
+from gatedattn.layer_cost import cost
 from gatedattn.errors import ConfigError
 
 

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gatedattn.fmt import fmt_mean_std as _fmt
 from gatedattn.analysis.metrics import differs_beyond_noise
 
 HELD, NOT_HELD, NOT_MEASURABLE = "held", "did not hold", "not measurable"
@@ -65,21 +66,6 @@ def _metric(results: dict, variant: str, metric: str) -> dict | None:
     return value if value is not None and value.get("mean") is not None else None
 
 
-def _num(x: float) -> str:
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.3f}"
-
-
-def format_stat(m: dict) -> str:
-    """``mean ± std`` (or the mean alone) of a summary statistic."""
-    std = m.get("std")
-    if std is None or not math.isfinite(std):
-        return _num(m["mean"])
-    return f"{_num(m['mean'])} ± {_num(std)}"
-
-
-_fmt = format_stat
-
-
 def uniform_first_token_attention(n_after_bos: int) -> float:
     """F-Attn of uniform causal attention: query i (1..T) sees i + 1 keys, so
     ``(1/T)·Σ_{i=1..T} 1/(i+1)`` for T = ``n_after_bos`` positions after BOS."""
@@ -105,8 +91,8 @@ def sink_shown(results: dict, variant: str = "baseline") -> str | None:
     uniform = uniform_first_token_attention(n)
     if f_attn["mean"] >= SINK_OVER_UNIFORM * uniform and sink_eps["mean"] > 0:
         return None
-    return (f"the {variant} shows no sink by this rule at this budget (F-Attn {format_stat(f_attn)}, uniform {uniform:.3f}, "
-            f"needs ≥ {SINK_OVER_UNIFORM:g}× uniform; Sink^ε {format_stat(sink_eps)}, needs > 0)")
+    return (f"the {variant} shows no sink by this rule at this budget (F-Attn {_fmt(f_attn)}, uniform {uniform:.3f}, "
+            f"needs ≥ {SINK_OVER_UNIFORM:g}× uniform; Sink^ε {_fmt(sink_eps)}, needs > 0)")
 
 
 def massive_shown(results: dict, variant: str = "baseline") -> str | None:
@@ -117,7 +103,7 @@ def massive_shown(results: dict, variant: str = "baseline") -> str | None:
         return f"`{variant}` M-Act / median was not measured"
     if ratio["mean"] >= MASSIVE_RATIO:
         return None
-    return (f"the {variant} shows no massive activations at this budget (M-Act / median {format_stat(ratio)}, "
+    return (f"the {variant} shows no massive activations at this budget (M-Act / median {_fmt(ratio)}, "
             f"needs ≥ {MASSIVE_RATIO:g})")
 
 
@@ -127,7 +113,7 @@ def compare_metrics(results: dict, variant: str, higher: str, lower: str, *, lab
     a, b = _metric(results, variant, higher), _metric(results, variant, lower)
     if a is None or b is None:
         return Verdict(NOT_MEASURABLE, f"`{variant}` {higher if a is None else lower} was not measured")
-    text = f"{label}: {format_stat(a)} vs {format_stat(b)}"
+    text = f"{label}: {_fmt(a)} vs {_fmt(b)}"
     if not (math.isfinite(a["mean"]) and math.isfinite(b["mean"])) or a["mean"] == b["mean"]:
         return Verdict(NOT_MEASURABLE, text + "; no difference")
     noise = differs_beyond_noise(a["values"], b["values"])
@@ -219,16 +205,21 @@ def _extrapolation(results: dict) -> Verdict:
     return verdict
 
 
-def _stability(results: dict) -> Verdict:
-    study = results.get("lr_study")
-    if not study:
-        return Verdict(NOT_MEASURABLE, "the learning-rate study was not run (`gatedattn reproduce --study lr`)")
-    rows = study.get("runs", [])
+def _lr_study_outcome(rows: list[dict]) -> tuple[list[float], list[float], dict[str, int]]:
+    """Learning rates at which baseline and gated diverged, and their loss spikes in all."""
     div = {(r["variant"], r["lr"]) for r in rows if r.get("diverged")}
     lrs = sorted({r["lr"] for r in rows})
     base_div = [lr for lr in lrs if ("baseline", lr) in div]
     gated_div = [lr for lr in lrs if ("gated", lr) in div]
     spikes = {v: sum(r.get("spikes", 0) for r in rows if r["variant"] == v) for v in ("baseline", "gated")}
+    return base_div, gated_div, spikes
+
+
+def _stability(results: dict) -> Verdict:
+    study = results.get("lr_study")
+    if not study:
+        return Verdict(NOT_MEASURABLE, "the learning-rate study was not run (`gatedattn reproduce --study lr`)")
+    base_div, gated_div, spikes = _lr_study_outcome(study.get("runs", []))
     text = (f"diverged at LR {base_div or 'none'} (baseline) vs {gated_div or 'none'} (gated); "
             f"loss spikes {spikes['baseline']} vs {spikes['gated']}")
     if base_div and (not gated_div or min(gated_div) > min(base_div)):

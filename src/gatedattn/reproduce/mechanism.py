@@ -36,12 +36,12 @@ from gatedattn import __version__
 from gatedattn.analysis.metrics import mean_std
 from gatedattn.data.backcopy import BigramBackcopy
 from gatedattn.errors import ConfigError
-from gatedattn.io import atomic_write_json, read_json_object
+from gatedattn.fmt import fmt_mean_std as _fmt
+from gatedattn.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce.claims import (
     HELD, NOT_HELD, NOT_MEASURABLE, Verdict, compare, compare_metrics, sink_shown,
     uniform_first_token_attention,
 )
-from gatedattn.reproduce.claims import format_stat as _fmt
 from gatedattn.reproduce.mechanism_probe import measure
 
 STUDY_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga-lowrank")
@@ -131,11 +131,11 @@ def train_model(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: st
 
     The only place this study touches the trainer's API."""
     from gatedattn.model import GatedLM
-    from gatedattn.train import TrainConfig, train
+    from gatedattn.train import ModelRecipe, TrainConfig, train
 
     tcfg = TrainConfig(
-        data_dir=str(data_dir), out_dir=str(run_dir), variant=variant, preset="toy",
-        model_overrides={"model.n_layers": depth, "attention.qk_norm": False},
+        data_dir=str(data_dir), out_dir=str(run_dir),
+        model=ModelRecipe(size="toy", variant=variant, lm={"n_layers": depth}, attention={"qk_norm": False}),
         seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, steps=cfg.steps, lr=cfg.lr,
         warmup_steps=min(cfg.warmup_steps, cfg.steps // 5), weight_decay=cfg.weight_decay, dtype="fp32", seed=seed,
         eval_every=max(cfg.steps // cfg.evals, 1), eval_batches=2, ckpt_every=0, log_every=50,
@@ -180,7 +180,7 @@ def run_one(cfg: MechanismConfig, data_dir: str, out: str, variant: str, depth: 
                 curve.setdefault(k, []).append(rec.get(f"mech_{k}"))
     record = {"variant": variant, "depth": depth, "seed": seed, **info, "wall_seconds": time.perf_counter() - t0,
               "final": final, "curve": curve}
-    atomic_write_json(record_path, _json_safe(record))
+    atomic_write_json(record_path, json_safe(record))
     return record
 
 
@@ -212,7 +212,7 @@ def run_study(cfg: MechanismConfig, command: str | None = None) -> Path:
                 _say(f"[{i + 1}/{len(plan)}] {plan[i][0]} L{plan[i][1]} seed {plan[i][2]} done")
     results = build_results(cfg, task, records)
     results["meta"] = _meta(cfg, command, started)
-    atomic_write_json(out / "results.json", _json_safe(results))
+    atomic_write_json(out / "results.json", json_safe(results))
     return write_mechanism_report(results, out)
 
 
@@ -358,12 +358,3 @@ def _meta(cfg: MechanismConfig, command: str | None, started: float) -> dict[str
         "duration_min": (time.time() - started) / 60,
     }
 
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj

@@ -1,0 +1,117 @@
+"""Which precision to compute in: ``dtype='auto'`` picks bf16 autocast only where the
+device computes bf16 natively, fp32 elsewhere.
+
+On CPUs without AVX512-BF16 or AMX, PyTorch emulates bf16 matrix products, which can be
+tens of times slower than fp32; on CUDA devices without bf16 support it is unavailable.
+``resolve_dtype`` returns the chosen precision together with the reason, which runs record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gatedattn.errors import GatedAttnError
+
+DTYPES = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A resolved precision: ``dtype`` is ``'fp32'`` or ``'bf16'`` (autocast), ``reason`` says why."""
+
+    dtype: str
+    reason: str
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.dtype == "bf16" else None
+
+    def autocast(self, device: torch.device | str):
+        """The autocast context for this precision on ``device`` (a no-op for fp32)."""
+        device_type = torch.device(device).type
+        if self.dtype != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+
+    def as_dict(self) -> dict:
+        return {"dtype": self.dtype, "reason": self.reason}
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags of this machine (Linux ``/proc/cpuinfo``); empty if unknown."""
+    return _cpu_flags()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_native_bf16(flags: frozenset[str] | None = None,
+                    timing: tuple[float, float] | None = None) -> tuple[bool, str]:
+    """Whether bf16 matrix products run natively (fast) on this CPU, and the evidence.
+
+    The CPU must list ``avx512_bf16`` or ``amx_bf16`` and a short timing must confirm that
+    PyTorch uses them: a bf16 product must not be slower than fp32 (with
+    ``ATEN_CPU_CAPABILITY=avx2`` or an older oneDNN ISA cap, bf16 is emulated even on such
+    a CPU). ``flags`` and ``timing`` (fp32 s, bf16 s) can be given for testing.
+    """
+    flags = cpu_flags() if flags is None else flags
+    native = sorted(f for f in ("avx512_bf16", "amx_bf16") if f in flags)
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not flags:
+        return False, f"CPU {capability}, feature flags unknown: fp32 is the safe choice"
+    if not native:
+        return False, f"CPU {capability} without avx512_bf16/amx_bf16: bf16 would be emulated (slow)"
+    fp32_s, bf16_s = matmul_timing() if timing is None else timing
+    measured = f"a 256x512x512 product took {fp32_s * 1e3:.2f} ms in fp32, {bf16_s * 1e3:.2f} ms in bf16"
+    if bf16_s > fp32_s:
+        return False, f"CPU {capability} with {'+'.join(native)}, but bf16 runs emulated here ({measured})"
+    return True, f"CPU {capability} with {'+'.join(native)}: native bf16 ({measured})"
+
+
+@functools.lru_cache(maxsize=1)
+def matmul_timing(repeats: int = 3) -> tuple[float, float]:
+    """Best-of-``repeats`` seconds of one 256x512 @ 512x512 product in fp32 and in bf16."""
+    a, b = torch.randn(256, 512), torch.randn(512, 512)
+    best = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - t0)
+        best.append(min(times))
+    return best[0], best[1]
+
+
+def resolve_dtype(requested: str, device: torch.device | str = "cpu") -> Precision:
+    """Resolve ``'auto'`` / ``'fp32'`` / ``'bf16'`` for ``device`` into a ``Precision``."""
+    if requested not in DTYPES:
+        raise GatedAttnError(f"dtype: {requested!r} is not one of {', '.join(DTYPES)}")
+    device = torch.device(device)
+    if requested != "auto":
+        return Precision(requested, "requested")
+    if device.type == "cuda":
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return Precision("bf16", f"CUDA {torch.cuda.get_device_name(device)}: native bf16")
+        return Precision("fp32", "CUDA device without bf16 support")
+    if device.type == "cpu":
+        native, why = cpu_native_bf16()
+        return Precision("bf16" if native else "fp32", why)
+    return Precision("fp32", f"{device.type}: fp32 by default")

@@ -1,0 +1,55 @@
+"""The command line answers --help, --version and a wrong command without importing PyTorch,
+and lists exactly the commands its modules register."""
+
+import argparse
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from gatedattn import __version__, cli
+
+_PROBE = """
+import sys
+from gatedattn.cli import main
+try:
+    code = main({argv!r})
+except SystemExit as e:
+    code = e.code
+print("TORCH" if "torch" in sys.modules else "NO-TORCH", code, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--version"], 0), (["nope"], 2), ([], 2)])
+def test_light_answers_do_not_import_torch(argv, code):
+    r = subprocess.run([sys.executable, "-c", _PROBE.format(argv=argv)], capture_output=True, text=True, timeout=60)
+    assert r.stderr.strip().splitlines()[-1] == f"NO-TORCH {code}", r.stderr
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"gatedattn {__version__}"
+
+
+def _registered(module: str) -> dict[str, str]:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    importlib.import_module(module).register(sub)
+    return {a.dest: a.help for a in sub._choices_actions}
+
+
+def test_registry_matches_what_the_modules_register():
+    registered = {}
+    for module in cli.SUBCOMMAND_MODULES:
+        for name, help_text in _registered(module).items():
+            registered[name] = (module, help_text)
+    assert registered == cli.COMMANDS
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_each_command_parses_its_own_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--help"])
+    assert e.value.code == 0 and f"gatedattn {command}" in capsys.readouterr().out

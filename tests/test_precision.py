@@ -1,0 +1,76 @@
+"""dtype='auto': bf16 autocast only where the device computes bf16 natively."""
+
+import json
+
+import pytest
+import torch
+
+from gatedattn.errors import GatedAttnError
+from gatedattn.precision import Precision, cpu_native_bf16, resolve_dtype
+
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl"}
+
+
+@pytest.mark.parametrize("flags, native", [
+    (AVX2, False),
+    (AVX512, False),                      # AVX-512 without the bf16 extension still emulates bf16
+    (AVX512 | {"avx512_bf16"}, True),
+    (AVX2 | {"amx_bf16", "amx_tile"}, True),
+    (frozenset(), False),                 # unknown flags: fp32 is the safe choice
+])
+def test_cpu_native_bf16_reads_the_flags(flags, native):
+    got, reason = cpu_native_bf16(flags, timing=(1.0, 0.3))
+    assert got is native
+    assert reason
+
+
+def test_bf16_flags_but_emulated_kernels_mean_fp32():
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX512-BF16 CPU: the timing shows bf16 is emulated."""
+    got, reason = cpu_native_bf16(AVX512 | {"avx512_bf16"}, timing=(0.001, 0.04))
+    assert not got and "emulated" in reason
+
+
+def test_emulated_avx2_machine_resolves_to_fp32():
+    """A real AVX2-only run (forced through the environment) picks fp32 by measurement."""
+    import subprocess
+    import sys
+
+    code = "from gatedattn.precision import resolve_dtype; p = resolve_dtype('auto', 'cpu'); print(p.dtype)"
+    env = {**__import__("os").environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "fp32", out.stderr
+
+
+def test_requested_dtypes_are_kept():
+    assert resolve_dtype("fp32", "cpu") == Precision("fp32", "requested")
+    assert resolve_dtype("bf16", "cpu") == Precision("bf16", "requested")
+
+
+def test_auto_on_this_cpu_follows_its_flags():
+    native, _ = cpu_native_bf16()
+    p = resolve_dtype("auto", "cpu")
+    assert p.dtype == ("bf16" if native else "fp32")
+    assert p.reason and json.loads(json.dumps(p.as_dict())) == {"dtype": p.dtype, "reason": p.reason}
+
+
+def test_bad_dtype_names_the_field_and_choices():
+    with pytest.raises(GatedAttnError, match=r"dtype: 'fp16' is not one of auto, fp32, bf16"):
+        resolve_dtype("fp16")
+
+
+def test_autocast_context():
+    x = torch.randn(4, 4)
+    with resolve_dtype("bf16").autocast("cpu"):
+        assert (x @ x).dtype == torch.bfloat16
+    with resolve_dtype("fp32").autocast("cpu"):
+        assert (x @ x).dtype == torch.float32
+
+
+def test_train_records_the_resolved_precision(tmp_path):
+    from gatedattn.train.rundir import ENV, write_run_files
+
+    write_run_files(tmp_path, {"x": 1}, torch.device("cpu"), 1, resolve_dtype("auto", "cpu").as_dict())
+    env = json.loads((tmp_path / ENV).read_text())
+    assert env["precision"]["dtype"] in ("fp32", "bf16")
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
