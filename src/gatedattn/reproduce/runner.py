@@ -19,11 +19,12 @@ import functools
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,6 +39,7 @@ from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.report import write_lr_report, write_report
+from gatedattn.reproduce.timing import interleaved_times
 from gatedattn.settings import option
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.config import ModelRecipe, has_gate
@@ -233,6 +235,12 @@ def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int 
     return times[len(times) // 2]
 
 
+def make_step(cfg: ReproduceConfig, variant: str, data: TokenData) -> Callable[[], None]:
+    """One call of the trainer's own ``train_step`` for ``variant``, as a function (for timing)."""
+    trainer = Trainer(cfg.train_config(variant, 0, steps=1_000_000), data)
+    return lambda: trainer.train_step()
+
+
 def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -> tuple[int, dict[str, float]]:
     """Training steps that fit the budget: 80 % of it for training, the rest for evaluation
     and analysis; every variant gets the same number of steps (the same tokens)."""
@@ -358,8 +366,10 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
 
     results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
     if results["variants"]:
-        _say("timing a training step of each variant, back to back")
-        results["step_time"] = {v: time_step(cfg, v, data) for v in variants_run}
+        _say("timing training steps of each variant in interleaved rounds")
+        samples = interleaved_times({v: make_step(cfg, v, data) for v in variants_run})
+        results["step_time_samples"] = samples
+        results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
     n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10)
                                               .model_config(data.vocab_size)).parameters())
     n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[cfg.train.preset]
