@@ -434,7 +434,7 @@ def test_existing_or_incompatible_run_is_refused_untouched(data_dir, tmp_path, c
     (run / "checkpoints" / "step_00000002" / "trainer_state.pt").write_bytes(b"garbage")
     before = snapshot(run)
     assert main(base + ["--resume"]) == 2
-    assert "trainer_state.pt is truncated or corrupt" in capsys.readouterr().err
+    assert "trainer_state.pt: sha256" in capsys.readouterr().err  # the checksum manifest catches it first
     assert snapshot(run) == before
     not_a_run = tmp_path / "elsewhere"
     not_a_run.mkdir()
