@@ -33,10 +33,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 SUBCOMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage stays in --help)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``command`` (a key of COMMANDS) only that command's module is imported
     and registered, the others are listed by name and help alone."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gatedattn",
         description="Gated softmax attention: variants, models, training and analysis.",
     )

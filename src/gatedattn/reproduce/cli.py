@@ -9,6 +9,7 @@ import sys
 from gatedattn.errors import ConfigError
 from gatedattn.precision import DTYPES
 from gatedattn.reproduce.runner import ReproduceConfig, reproduce
+from gatedattn.io import check_writable
 from gatedattn.settings import apply_sets, help_text, parse_list
 
 
@@ -60,7 +61,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.budget_minutes is None:
         given["budget_minutes"] = None  # a fixed step count replaces the default budget
     cfg = ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
-    cfg = apply_sets(cfg, args.set or [])
+    # a flag and --set may not both give a field; the run's place and data come from flags only
+    flag_keys = {"variants": "--variants", "seeds": "--seeds", "budget_minutes": "--budget-minutes",
+                 "steps": "--steps", "train.model.size": "--preset", "train.seq_len": "--seq-len",
+                 "train.micro_batch": "--batch-size", "train.lr": "--lr", "lrs": "--lrs", "train.dtype": "--dtype",
+                 "multiples": "--multiples", "study": "--study"}
+    flags = {"out_dir": "--out", "train.data_dir": "--data",
+             **{k: f for k, f in flag_keys.items() if getattr(args, f[2:].replace("-", "_"), None) is not None}}
+    cfg = apply_sets(cfg, args.set or [], flags)
+    check_writable(cfg.out_dir, "--out", kind="dir")
     report = reproduce(cfg, command=_command())
     print(f"report: {report}")
     return 0

@@ -345,9 +345,10 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     """Run the whole reproduction; returns the path of ``report.md``."""
     started = time.time()
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     data_dir = ensure_data(cfg)
-    data = TokenData(data_dir)
+    data = TokenData(data_dir, verify=True)  # every input checked before the output directory exists
+    data.check_tokenizer()
+    out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"config": {**cfg.to_dict(), **_report_fields(cfg.train)}, "variants": {}, "summary": {}}
 
     if cfg.study == "lr":

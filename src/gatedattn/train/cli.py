@@ -1,6 +1,7 @@
 """``gatedattn train`` and ``gatedattn sweep``.
 
     gatedattn train --variant NAME --preset SIZE --data DIR --out DIR [--set KEY=VALUE ...] [--resume]
+    gatedattn train --resume RUN_DIR [--set steps=N ...]   (continue a run with its recorded config)
     gatedattn sweep --variants A,B --lr 1e-3,3e-3 [--seeds 0,1] --preset SIZE --data DIR --out DIR
                     [--set KEY=VALUE ...] [--resume]
 
@@ -16,6 +17,7 @@ import sys
 import textwrap
 
 from gatedattn.errors import GatedAttnError, Interrupted
+from gatedattn.io import check_writable
 from gatedattn.settings import apply_sets, help_text, parse_list
 from gatedattn.train.config import TrainConfig
 
@@ -135,6 +137,7 @@ def _sweep(args) -> int:
             raise GatedAttnError(f"--seeds: {s} is negative; seeds are integers >= 0")
     for lr in lrs:
         _check_warmup(base.replace(lr=lr), args.set)
+    check_writable(base.out_dir, "--out", kind="dir")
     rows = sweep(base, variants, lrs, seeds, resume=args.resume)
     if _is_main():
         if args.json:

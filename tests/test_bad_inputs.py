@@ -1,0 +1,391 @@
+"""Every bad invocation, of every command and of the Python API, is refused before any work:
+a non-zero exit, one line on stderr, no traceback and no new file.
+
+The cases run in-process through ``gatedattn.cli.main`` on tiny fixtures (a 300-token
+vocabulary, a micro model trained for two steps), so the whole table takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gatedattn.cli import main
+from gatedattn.errors import GatedAttnError
+from gatedattn.integrity import record
+
+WORDS = "the gate sink softmax token layer head query key value attention model loss".split()
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory) -> dict[str, Path]:
+    """Tiny inputs, good and damaged: data directories, a trained model directory, files."""
+    from gatedattn.data.prepare import prepare
+    from gatedattn.train import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("fixtures")
+    rng = random.Random(0)
+    texts = root / "texts"
+    texts.mkdir()
+    for i in range(12):
+        (texts / f"d{i}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(120)))
+    data = root / "data"
+    prepare([str(texts)], data, vocab_size=300, val_fraction=0.25, progress=False)
+    run = root / "run"
+    train(TrainConfig(data_dir=str(data), out_dir=str(run), preset="micro", variant="gated", seq_len=16,
+                      micro_batch=2, steps=2, warmup_steps=1, eval_batches=1, progress=False, tensorboard=False,
+                      dtype="fp32", device="cpu"))
+    model = run / "final"
+    f = {"root": root, "texts": texts, "data": data, "run": run, "model": model}
+
+    def copy(src: Path, name: str) -> Path:
+        dst = root / name
+        shutil.copytree(src, dst)
+        return dst
+
+    # data: one bit flipped in train.bin; a manifest vocabulary below the largest id;
+    # a garbage tokenizer.json; a tokenizer of another corpus
+    flipped = copy(data, "data_flipped")
+    b = bytearray((flipped / "train.bin").read_bytes())
+    b[10] ^= 0x01
+    (flipped / "train.bin").write_bytes(bytes(b))
+    small_vocab = copy(data, "data_small_vocab")
+    m = json.loads((small_vocab / "manifest.json").read_text())
+    (small_vocab / "manifest.json").write_text(json.dumps({**m, "vocab_size": 270}))
+    garbage_tok = copy(data, "data_garbage_tok")
+    (garbage_tok / "tokenizer.json").write_text("{ not a tokenizer")
+    other_texts = root / "other_texts"
+    other_texts.mkdir()
+    for i in range(4):
+        (other_texts / f"a{i}.txt").write_text(" ".join(rng.choice(["zebra", "quartz", "violin", "nebula"])
+                                                         for _ in range(200)))
+    other = root / "data_other_tok"
+    prepare([str(other_texts)], other, vocab_size=300, val_fraction=0.3, progress=False)
+    f.update(flipped=flipped, small_vocab=small_vocab, garbage_tok=garbage_tok, other=other)
+
+    # models: one bit flipped in the weights (0.018 -> 6e36 style); a non-finite weight
+    # with a matching checksum; config.json with a wrong field type; 1-token tokenizer
+    bad_w = copy(model, "model_flipped")
+    b = bytearray((bad_w / "model.safetensors").read_bytes())
+    b[-2] ^= 0x40
+    (bad_w / "model.safetensors").write_bytes(bytes(b))
+    inf_w = copy(model, "model_inf")
+    state = load_file(inf_w / "model.safetensors")
+    name = next(k for k in state if k.endswith("weight"))
+    state[name][0, 0] = float("inf") if state[name].dim() > 1 else float("inf")
+    save_file(state, inf_w / "model.safetensors", metadata={"format": "pt"})
+    record(inf_w / "model.safetensors")
+    bad_cfg = copy(model, "model_bad_config")
+    cfg = json.loads((bad_cfg / "config.json").read_text())
+    (bad_cfg / "config.json").write_text(json.dumps({**cfg, "n_layers": "two"}))
+    record(bad_cfg / "config.json")
+    one_tok = root / "one_token.json"
+    tok = json.loads((model / "tokenizer.json").read_text())
+    tok["model"]["vocab"] = {"a": 0}
+    tok["model"]["merges"] = []
+    tok["added_tokens"] = []
+    one_tok.write_text(json.dumps(tok))
+    (root / "a_file").write_text("x")
+    (root / "existing.png").write_text("x")
+    nonempty = root / "nonempty"
+    nonempty.mkdir()
+    (nonempty / "keep").write_text("x")
+    f.update(bad_w=bad_w, inf_w=inf_w, bad_cfg=bad_cfg, one_tok=one_tok, file=root / "a_file",
+             png=root / "existing.png", nonempty=nonempty)
+    return f
+
+
+TRAIN_FAST = ["--preset", "micro", "--set", "seq_len=16", "--set", "micro_batch=2", "--set", "steps=2",
+              "--set", "warmup_steps=1", "--set", "progress=false", "--set", "eval_batches=1",
+              "--set", "tensorboard=false", "--set", "dtype=fp32"]
+
+# --set values that are wrong for their key: (key, value)
+BAD_SETS = [
+    ("seq_len", "0"), ("seq_len", "-3"), ("seq_len", "1.5"), ("seq_len", "many"), ("micro_batch", "0"),
+    ("grad_accum", "0"), ("steps", "0"), ("steps", "x"), ("max_tokens", "0"), ("lr", "0"), ("lr", "-1"),
+    ("lr", "nan"), ("lr", "inf"), ("min_lr_ratio", "2"), ("min_lr_ratio", "-0.1"), ("warmup_steps", "-1"),
+    ("warmup_steps", "5"), ("schedule", "step"), ("weight_decay", "-1"), ("betas", "0.9"), ("betas", "1.0,0.9"),
+    ("betas", "a,b"), ("eps", "0"), ("grad_clip", "-1"), ("optimizer", "sgd"), ("muon_momentum", "1"),
+    ("dtype", "fp8"), ("compile", "maybe"), ("device", "tpu"), ("seed", "-1"), ("seed", "1e30x"),
+    ("eval_every", "-1"), ("eval_batches", "0"), ("ckpt_every", "-2"), ("keep_checkpoints", "-1"),
+    ("log_every", "0"), ("skip_nonfinite", "2"), ("spike_margin", "0"), ("spike_window", "0"),
+    ("diverge_factor", "1"), ("overfit_batches", "-1"), ("stop_at_step", "0"), ("fsdp", "yes-please"),
+    ("progress", "sometimes"), ("tensorboard", "3"), ("model.n_layers", "0"), ("model.ffn_dim", "-4"),
+    ("model.max_seq_len", "8"), ("model.tie_embeddings", "perhaps"), ("model.norm_eps", "x"),
+    ("attention.kv", "kvq"), ("attention.kernel", "magic"), ("gate.activation", "relu6x"),
+    ("gate.position", "g9"), ("gate.granularity", "pixel"), ("rope.theta", "-1"), ("rope.fraction", "2"),
+    ("rope.scaling", "linearish"), ("rope.factor", "0.5"),
+    # a run's identity comes from its flags only
+    ("out_dir", "elsewhere"), ("data_dir", "elsewhere"), ("variant", "gated"), ("model.size", "small"),
+    # not keys at all
+    ("learning_rate", "1"), ("model.nope", "1"), ("", "1"),
+]
+
+
+def train_cases(f):
+    d, out = str(f["data"]), str(f["root"] / "new_run")
+    base = ["train", "--data", d, "--out", out, *TRAIN_FAST]
+    cases = [(f"train --set {k}={v}", [*base, "--set", f"{k}={v}" if k else "=1"]) for k, v in BAD_SETS]
+    cases += [
+        ("train --set without =", [*base, "--set", "lr"]),
+        ("train unknown variant", [*base, "--variant", "gatd"]),
+        ("train unknown preset", [*base, "--preset", "huge"]),
+        ("train no --data", ["train", "--out", out]),
+        ("train no --out", ["train", "--data", d]),
+        ("train missing data", ["train", "--data", str(f["root"] / "nope"), "--out", out, *TRAIN_FAST]),
+        ("train data is a file", ["train", "--data", str(f["file"]), "--out", out, *TRAIN_FAST]),
+        ("train flipped train.bin", ["train", "--data", str(f["flipped"]), "--out", out, *TRAIN_FAST]),
+        ("train manifest vocab below ids", ["train", "--data", str(f["small_vocab"]), "--out", out, *TRAIN_FAST]),
+        ("train garbage tokenizer", ["train", "--data", str(f["garbage_tok"]), "--out", out, *TRAIN_FAST]),
+        ("train out under a file", ["train", "--data", d, "--out", str(f["file"] / "run"), *TRAIN_FAST]),
+        ("train out is a file", ["train", "--data", d, "--out", str(f["file"]), *TRAIN_FAST]),
+        ("train out not a run", ["train", "--data", d, "--out", str(f["nonempty"]), *TRAIN_FAST]),
+        ("train out holds a run", ["train", "--data", d, "--out", str(f["run"]), *TRAIN_FAST]),
+        ("train seq_len beyond data", [*base, "--set", "seq_len=100000"]),
+        ("train --resume missing dir", ["train", "--resume", str(f["root"] / "nope")]),
+        ("train --resume not a run", ["train", "--resume", str(f["nonempty"])]),
+        ("train --resume with other --out", ["train", "--resume", str(f["run"]), "--out", out]),
+        ("train --resume other variant", ["train", "--resume", str(f["run"]), "--variant", "baseline"]),
+        ("train --resume other model", ["train", "--resume", str(f["run"]), "--set", "model.n_layers=3"]),
+        ("train --resume other lr", ["train", "--resume", str(f["run"]), "--set", "lr=0.5"]),
+    ]
+    return cases
+
+
+def sweep_cases(f):
+    d, out = str(f["data"]), str(f["root"] / "new_sweep")
+    base = ["sweep", "--data", d, "--out", out, *TRAIN_FAST]
+    return [
+        ("sweep bad lr", [*base, "--variants", "gated", "--lr", "x"]),
+        ("sweep empty lr", [*base, "--variants", "gated", "--lr", ""]),
+        ("sweep zero lr", [*base, "--variants", "gated", "--lr", "0"]),
+        ("sweep bad variant", [*base, "--variants", "gated,nope", "--lr", "1e-3"]),
+        ("sweep negative seed", [*base, "--variants", "gated", "--lr", "1e-3", "--seeds", "-1"]),
+        ("sweep --set seed with --seeds", [*base, "--variants", "gated", "--lr", "1e-3", "--seeds", "1,2",
+                                           "--set", "seed=5"]),
+        ("sweep --set lr", [*base, "--variants", "gated", "--lr", "1e-3", "--set", "lr=3e-3"]),
+        ("sweep --set variant", [*base, "--variants", "gated", "--lr", "1e-3", "--set", "variant=baseline"]),
+        ("sweep --set out_dir", [*base, "--variants", "gated", "--lr", "1e-3", "--set", "out_dir=x"]),
+        ("sweep out under a file", ["sweep", "--data", d, "--out", str(f["file"] / "s"), *TRAIN_FAST,
+                                    "--variants", "gated", "--lr", "1e-3"]),
+        ("sweep missing data", ["sweep", "--data", str(f["root"] / "nope"), "--out", out, *TRAIN_FAST,
+                                "--variants", "gated", "--lr", "1e-3"]),
+        ("sweep --resume DIR", [*base, "--variants", "gated", "--lr", "1e-3", "--resume", str(f["run"])]),
+        ("sweep no --variants", [*base, "--lr", "1e-3"]),
+    ]
+
+
+def data_cases(f):
+    texts, out = str(f["texts"]), str(f["root"] / "new_data")
+    prep = ["data", "prepare", "-q", "--input", texts, "--out", out]
+    return [
+        ("prepare vocab 1e9", [*prep, "--vocab-size", "1000000000"]),
+        ("prepare vocab too small", [*prep, "--vocab-size", "10"]),
+        ("prepare vocab not int", [*prep, "--vocab-size", "lots"]),
+        ("prepare val 0", [*prep, "--val-fraction", "0"]),
+        ("prepare val 1", [*prep, "--val-fraction", "1"]),
+        ("prepare val nan", [*prep, "--val-fraction", "nan"]),
+        ("prepare seed -1", [*prep, "--seed", "-1"]),
+        ("prepare out under a file", ["data", "prepare", "-q", "--input", texts, "--out", str(f["file"] / "d")]),
+        ("prepare out is a file", ["data", "prepare", "-q", "--input", texts, "--out", str(f["file"])]),
+        ("prepare out not empty", ["data", "prepare", "-q", "--input", texts, "--out", str(f["nonempty"])]),
+        ("prepare missing input", ["data", "prepare", "-q", "--input", str(f["root"] / "nope"), "--out", out]),
+        ("prepare garbage tokenizer", [*prep, "--tokenizer", str(f["garbage_tok"] / "tokenizer.json")]),
+        ("prepare missing tokenizer", [*prep, "--tokenizer", str(f["root"] / "nope.json")]),
+        ("prepare no --out", ["data", "prepare", "--input", texts]),
+        ("data info missing", ["data", "info", str(f["root"] / "nope")]),
+        ("data info flipped", ["data", "info", str(f["flipped"])]),
+        ("data info small vocab", ["data", "info", str(f["small_vocab"])]),
+        ("data info not data", ["data", "info", str(f["nonempty"])]),
+        ("data unknown subcommand", ["data", "frobnicate"]),
+    ]
+
+
+def analysis_cases(f):
+    m, d, out = str(f["model"]), str(f["data"]), f["root"] / "new"
+    an = ["analyze", "--model", m, "--data", d, "--batches", "1", "--batch-size", "1", "--device", "cpu"]
+    ex = ["extrapolate", "--model", m, "--data", d, "--tokens", "64", "--device", "cpu"]
+    cases = [
+        ("analyze eps 2", [*an, "--eps", "2"]),
+        ("analyze eps 0", [*an, "--eps", "0"]),
+        ("analyze eps nan", [*an, "--eps", "nan"]),
+        ("analyze batches 0", [*an, "--batches", "0"]),
+        ("analyze batch-size -1", [*an, "--batch-size", "-1"]),
+        ("analyze bad layers", [*an, "--layers", "x"]),
+        ("analyze out under a file", [*an, "--out", str(f["file"] / "r.json")]),
+        ("analyze out is a dir", [*an, "--out", str(f["root"])]),
+        ("analyze plots under a file", [*an, "--plots", str(f["file"] / "p")]),
+        ("analyze plots on a file", [*an, "--plots", str(f["png"])]),
+        ("analyze missing model", ["analyze", "--model", str(out), "--data", d]),
+        ("analyze missing data", ["analyze", "--model", m, "--data", str(out)]),
+        ("analyze flipped weights", ["analyze", "--model", str(f["bad_w"]), "--data", d]),
+        ("analyze inf weights", ["analyze", "--model", str(f["inf_w"]), "--data", d]),
+        ("analyze bad config type", ["analyze", "--model", str(f["bad_cfg"]), "--data", d]),
+        ("analyze other tokenizer", ["analyze", "--model", m, "--data", str(f["other"])]),
+        ("analyze bad device", [*an, "--device", "tpu"]),
+        ("extrapolate plot under a file", [*ex, "--plot", str(f["file"] / "x.png")]),
+        ("extrapolate plot is a dir", [*ex, "--plot", str(f["root"])]),
+        ("extrapolate out under a file", [*ex, "--out", str(f["file"] / "x.json")]),
+        ("extrapolate bad multiples", [*ex, "--multiples", "a,b"]),
+        ("extrapolate bad method", [*ex, "--methods", "plain,warp"]),
+        ("extrapolate tokens 0", [*ex, "--tokens", "0"]),
+        ("extrapolate other tokenizer", ["extrapolate", "--model", m, "--data", str(f["other"])]),
+        ("extrapolate flipped weights", ["extrapolate", "--model", str(f["bad_w"]), "--data", d]),
+    ]
+    return cases
+
+
+def hf_cases(f):
+    m = str(f["model"])
+    gen = ["generate", "--model", m, "--prompt", "the gate"]
+    to = str(f["root"] / "converted")
+    return [
+        ("generate temperature nan", [*gen, "--temperature", "nan"]),
+        ("generate temperature inf", [*gen, "--temperature", "inf"]),
+        ("generate temperature -1", [*gen, "--temperature", "-1"]),
+        ("generate seed -1", [*gen, "--seed", "-1"]),
+        ("generate max-new-tokens 1e6", [*gen, "--max-new-tokens", "1000000"]),
+        ("generate max-new-tokens -1", [*gen, "--max-new-tokens", "-1"]),
+        ("generate top-k 0", [*gen, "--top-k", "0"]),
+        ("generate 1-token tokenizer", [*gen, "--tokenizer", str(f["one_tok"]), "--force"]),
+        ("generate other tokenizer", [*gen, "--tokenizer", str(f["other"] / "tokenizer.json")]),
+        ("generate garbage tokenizer", [*gen, "--tokenizer", str(f["garbage_tok"] / "tokenizer.json")]),
+        ("generate missing model", ["generate", "--model", str(f["root"] / "nope"), "--prompt", "a"]),
+        ("generate flipped weights", ["generate", "--model", str(f["bad_w"]), "--prompt", "the"]),
+        ("generate inf weights", ["generate", "--model", str(f["inf_w"]), "--prompt", "the"]),
+        ("generate bad config type", ["generate", "--model", str(f["bad_cfg"]), "--prompt", "the"]),
+        ("generate no prompt", ["generate", "--model", m]),
+        ("convert to under a file", ["convert", "--from", m, "--to", str(f["file"] / "c")]),
+        ("convert to is a file", ["convert", "--from", m, "--to", str(f["file"])]),
+        ("convert to not empty", ["convert", "--from", m, "--to", str(f["nonempty"])]),
+        ("convert to itself", ["convert", "--from", m, "--to", m, "--force"]),
+        ("convert flipped weights", ["convert", "--from", str(f["bad_w"]), "--to", to]),
+        ("convert inf weights", ["convert", "--from", str(f["inf_w"]), "--to", to]),
+        ("convert bad config type", ["convert", "--from", str(f["bad_cfg"]), "--to", to]),
+        ("convert missing from", ["convert", "--from", str(f["root"] / "nope"), "--to", to]),
+        ("convert bad variant", ["convert", "--from", m, "--to", to, "--variant", "nope"]),
+        ("convert bad format", ["convert", "--from", m, "--to", to, "--format", "onnx"]),
+        ("convert init without variant", ["convert", "--from", m, "--to", to, "--init", "random"]),
+    ]
+
+
+def reproduce_cases(f):
+    d, out = str(f["data"]), str(f["root"] / "new_repro")
+    base = ["reproduce", "--data", d, "--out", out, "--steps", "2", "--preset", "micro"]
+    return [
+        ("reproduce out under a file", ["reproduce", "--data", d, "--out", str(f["file"] / "r"), "--steps", "2"]),
+        ("reproduce --set out_dir", [*base, "--set", "out_dir=elsewhere"]),
+        ("reproduce --set data_dir", [*base, "--set", "train.data_dir=elsewhere"]),
+        ("reproduce --set variant", [*base, "--set", "variant=gated"]),
+        ("reproduce --set seeds with --seeds", [*base, "--seeds", "2", "--set", "seeds=3"]),
+        ("reproduce --set steps with --steps", [*base, "--set", "steps=5"]),
+        ("reproduce --set size with --preset", [*base, "--set", "train.model.size=small"]),
+        ("reproduce seeds 0", [*base, "--seeds", "0"]),
+        ("reproduce steps 0", [*base, "--steps", "0"]),
+        ("reproduce bad variants", [*base, "--variants", "gated,nope"]),
+        ("reproduce missing data", ["reproduce", "--data", str(f["root"] / "nope"), "--out", out, "--steps", "2"]),
+        ("reproduce bad multiples", [*base, "--multiples", "x"]),
+        ("reproduce bad study", [*base, "--study", "everything"]),
+        ("reproduce bad set value", [*base, "--set", "train.lr=-1"]),
+    ]
+
+
+def misc_cases(f):
+    return [
+        ("unknown command", ["frobnicate"]),
+        ("no command", []),
+        ("variants bad option", ["variants", "--bogus"]),
+    ]
+
+
+def all_cases(f):
+    return (train_cases(f) + sweep_cases(f) + data_cases(f) + analysis_cases(f) + hf_cases(f)
+            + reproduce_cases(f) + misc_cases(f))
+
+
+def snapshot(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_every_bad_invocation_is_one_line_with_no_files(fx, capsys, monkeypatch):
+    monkeypatch.chdir(fx["root"])
+    cases = all_cases(fx)
+    failures = []
+    for name, argv in cases:
+        before = snapshot(fx["root"])
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse
+            code = e.code
+        except BaseException as e:  # noqa: BLE001 - an escaped exception is a traceback
+            failures.append(f"{name}: raised {type(e).__name__}: {e}")
+            continue
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        new = snapshot(fx["root"]) - before
+        if not code:
+            failures.append(f"{name}: exit {code} (accepted)")
+        elif len(lines) != 1 or "Traceback" in err:
+            failures.append(f"{name}: stderr has {len(lines)} lines: {err!r}")
+        if new:
+            failures.append(f"{name}: left {sorted(new)}")
+    assert len(cases) >= 150
+    assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------------------------ Python API
+def api_cases(f):
+    from gatedattn.model import GatedLM
+    from gatedattn.train import TrainConfig, train
+
+    model = GatedLM.from_pretrained(f["model"])
+    vocab = model.cfg.vocab_size
+
+    def cache_of_other_batch():
+        cache = model.new_cache()
+        model(torch.zeros(2, 3, dtype=torch.long), caches=cache)
+        model(torch.zeros(1, 1, dtype=torch.long), caches=cache)
+
+    def auto_bad_config():
+        from transformers import AutoModelForCausalLM
+
+        from gatedattn.hf import register_auto
+
+        register_auto()
+        AutoModelForCausalLM.from_pretrained(f["bad_cfg"])
+
+    return [
+        ("forward 3-d ids", lambda: model(torch.zeros(1, 2, 3, dtype=torch.long))),
+        ("forward 1-d ids", lambda: model(torch.zeros(3, dtype=torch.long))),
+        ("forward float ids", lambda: model(torch.zeros(1, 3))),
+        ("forward id beyond vocab", lambda: model(torch.full((1, 3), vocab))),
+        ("forward negative id", lambda: model(torch.full((1, 3), -1))),
+        ("forward cache of another batch", cache_of_other_batch),
+        ("forward too few caches", lambda: model(torch.zeros(1, 2, dtype=torch.long), caches=[])),
+        ("from_pretrained flipped", lambda: GatedLM.from_pretrained(f["bad_w"])),
+        ("from_pretrained inf", lambda: GatedLM.from_pretrained(f["inf_w"])),
+        ("from_pretrained bad config", lambda: GatedLM.from_pretrained(f["bad_cfg"])),
+        ("AutoModel bad config", auto_bad_config),
+        ("train out under a file", lambda: train(TrainConfig(data_dir=str(f["data"]), out_dir=str(f["file"] / "r"),
+                                                             preset="micro", seq_len=16, steps=1, warmup_steps=0))),
+        ("train flipped data", lambda: train(TrainConfig(data_dir=str(f["flipped"]), out_dir=str(f["root"] / "r"),
+                                                         preset="micro", seq_len=16, steps=1, warmup_steps=0))),
+        ("TrainConfig max_seq_len < seq_len", lambda: TrainConfig(seq_len=32, model_overrides={"max_seq_len": 8})),
+        ("TrainConfig seed -1", lambda: TrainConfig(seed=-1)),
+    ]
+
+
+def test_python_api_refuses_bad_input_with_a_named_error(fx):
+    for name, call in api_cases(fx):
+        before = snapshot(fx["root"])
+        with pytest.raises(GatedAttnError) as info:
+            call()
+        assert "\n" not in str(info.value), name
+        assert snapshot(fx["root"]) == before, name
