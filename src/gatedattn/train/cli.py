@@ -57,7 +57,8 @@ def _resumed_config(args) -> TrainConfig:
     train = read_json_object(run / CONFIG).get("train")
     if not isinstance(train, dict):
         raise GatedAttnError(f"{run / CONFIG} has no 'train' object; it is not a run directory")
-    cfg = TrainConfig.from_dict({**train, "out_dir": str(run)})
+    # the recorded stop_at_step ended the earlier invocation; continuing goes on (unless --set again)
+    cfg = TrainConfig.from_dict({**train, "out_dir": str(run), "stop_at_step": None})
     for flag, now, then in (("--variant", getattr(args, "variant", None), cfg.variant),
                             ("--preset", args.preset, cfg.preset)):
         if now is not None and now != then:

@@ -1,0 +1,301 @@
+"""Shutdown, damaged files and identity: SIGTERM/SIGINT save and resume exactly, temporaries
+of a killed run are cleaned on resume, checksum manifests catch one flipped bit, tokenizers
+are compared by what they do, ``train --resume RUN_DIR`` continues a run from its record,
+and property tests of config validation and the data pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gatedattn.cli import main
+from gatedattn.data import TokenData
+from gatedattn.data.prepare import prepare
+from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.integrity import CHECKSUMS, read_verified, record, tokenizer_fingerprint
+from gatedattn.io import read_jsonl
+from gatedattn.train import TrainConfig, train
+from gatedattn.train import checkpoint as ckpt_mod
+
+WORDS = "the gate sink softmax token layer head query key value attention model loss".split()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("rel")
+    rng = random.Random(1)
+    texts = root / "texts"
+    texts.mkdir()
+    for i in range(12):
+        (texts / f"d{i}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(150)))
+    prepare([str(texts)], root / "data", vocab_size=300, val_fraction=0.25, progress=False)
+    return root / "data"
+
+
+def cfg_for(data_dir, out, **kw) -> TrainConfig:
+    base = dict(data_dir=str(data_dir), out_dir=str(out), preset="micro", variant="gated", seq_len=16,
+                micro_batch=2, steps=6, warmup_steps=1, eval_batches=1, eval_every=0, ckpt_every=0, log_every=1,
+                progress=False, tensorboard=False, dtype="fp32", device="cpu")
+    return TrainConfig(**{**base, **kw})
+
+
+# ------------------------------------------------------------------------------ signals
+TRAIN_ARGS = ["--preset", "micro", "--variant", "gated", "--set", "seq_len=16", "--set", "micro_batch=2",
+              "--set", "warmup_steps=1", "--set", "eval_batches=1", "--set", "eval_every=0",
+              "--set", "ckpt_every=0", "--set", "log_every=1", "--set", "progress=false",
+              "--set", "tensorboard=false", "--set", "dtype=fp32", "--set", "device=cpu"]
+
+
+def _train_losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if r.get("kind") == "train"}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_finishes_the_step_saves_and_resume_equals_uninterrupted(data_dir, tmp_path, sig):
+    steps = 4000  # far more than the few seconds before the signal train
+    run = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gatedattn.cli", "train", "--data", str(data_dir), "--out",
+                             str(run), *TRAIN_ARGS, "--set", f"steps={steps}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(s >= 5 for s in _train_losses(run)):
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err
+    last = err.strip().splitlines()[-1]
+    assert f"continue with: gatedattn train --resume {run}" in last and "Traceback" not in err
+    stopped = ckpt_mod.latest_checkpoint(run)
+    assert stopped is not None
+    step = int(stopped.name.split("_")[1])
+    assert 5 <= step < steps and json.loads((run / "summary.json").read_text())["steps"] == step
+    # continue to step + 3 (resume with the run's record alone), and compare with a run that was never stopped
+    assert main(["train", "--resume", str(run), "--set", f"stop_at_step={step + 3}"]) == 0
+    whole = train(cfg_for(data_dir, tmp_path / "whole", steps=steps, stop_at_step=step + 3, seed=0))
+    resumed = _train_losses(run)
+    assert [resumed[s] for s in range(1, step + 4)] == pytest.approx(whole.losses, abs=1e-6)
+
+
+def test_kill_points_lose_nothing_and_temporaries_are_cleaned(data_dir, tmp_path, monkeypatch):
+    """A kill while writing the final model, metrics.csv or summary.json leaves temporaries;
+    resuming removes them and ends with the same model as an uninterrupted run."""
+    ref = train(cfg_for(data_dir, tmp_path / "ref"))
+    run = tmp_path / "run"
+    train(cfg_for(data_dir, run, stop_at_step=3, ckpt_every=3))
+    debris = [run / ".final.abc.tmp", run / ".metrics.csv.abc.tmp", run / ".summary.json.abc.tmp",
+              run / ".config.json.x.tmp", run / "checkpoints" / ".step_00000006.y.tmp"]
+    debris[0].mkdir()
+    (debris[0] / "model.safetensors").write_bytes(b"partial")
+    for p in debris[1:]:
+        p.parent.mkdir(exist_ok=True)
+        p.mkdir() if p.name.startswith(".step") else p.write_text("partial")
+    result = train(cfg_for(data_dir, run), resume=True)
+    assert not [p for p in debris if p.exists()]
+    assert result.complete and result.losses == pytest.approx(ref.losses, abs=1e-6)
+    assert not [p for p in run.rglob(".*") if p.name.endswith(".tmp")]
+
+
+# ------------------------------------------------------------------------------ integrity
+def test_checksum_manifest_catches_one_flipped_bit(tmp_path):
+    from gatedattn.model import GatedLM, ModelConfig
+
+    model = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64))
+    model.save_pretrained(tmp_path / "m")
+    sums = json.loads((tmp_path / "m" / CHECKSUMS).read_text())
+    assert set(sums) == {"model.safetensors", "config.json"}
+    path = tmp_path / "m" / "model.safetensors"
+    clean = path.read_bytes()
+    # every byte position class: header, first tensor, last tensor
+    for pos in (9, len(clean) // 2, len(clean) - 2):
+        b = bytearray(clean)
+        b[pos] ^= 0x01
+        path.write_bytes(bytes(b))
+        with pytest.raises(GatedAttnError, match="damaged"):
+            GatedLM.from_pretrained(tmp_path / "m")
+    path.write_bytes(clean)
+    GatedLM.from_pretrained(tmp_path / "m")
+    assert read_verified(path) == clean
+
+
+def test_nonfinite_weights_are_refused_even_with_a_good_checksum(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from gatedattn.model import GatedLM, ModelConfig
+
+    GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64)).save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["embed.weight"][3, 1] = float("inf")
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    record(tmp_path / "model.safetensors")
+    with pytest.raises(GatedAttnError, match="'embed.weight' holds 1 non-finite"):
+        GatedLM.from_pretrained(tmp_path)
+
+
+def test_checkpoints_and_final_have_manifests_and_train_refuses_flipped_data(data_dir, tmp_path):
+    run = tmp_path / "run"
+    train(cfg_for(data_dir, run, steps=2, ckpt_every=1))
+    for d in [run / "final", *ckpt_mod.list_checkpoints(run)]:
+        sums = json.loads((d / CHECKSUMS).read_text())
+        assert "model.safetensors" in sums and "config.json" in sums
+    assert "trainer_state.pt" in json.loads((ckpt_mod.list_checkpoints(run)[-1] / CHECKSUMS).read_text())
+    assert "tokenizer.json" in json.loads((run / "final" / CHECKSUMS).read_text())
+    bad = tmp_path / "data"
+    bad.mkdir()
+    for f in data_dir.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    b = bytearray((bad / "train.bin").read_bytes())
+    b[4] ^= 0x10
+    (bad / "train.bin").write_bytes(bytes(b))
+    with pytest.raises(GatedAttnError, match="sha256 differs"):
+        train(cfg_for(bad, tmp_path / "r2"))
+    assert not (tmp_path / "r2").exists()
+
+
+def test_token_ids_beyond_the_manifest_vocabulary_are_refused(data_dir, tmp_path):
+    bad = tmp_path / "data"
+    bad.mkdir()
+    for f in data_dir.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    m = json.loads((bad / "manifest.json").read_text())
+    top = int(np.fromfile(bad / "train.bin", dtype=m["dtype"]).max())
+    (bad / "manifest.json").write_text(json.dumps({**m, "vocab_size": top}))
+    with pytest.raises(GatedAttnError, match=f"token id {top} is outside the vocabulary of {top}"):
+        TokenData(bad, verify=True)
+
+
+# ------------------------------------------------------------------------------ tokenizers
+def test_tokenizer_fingerprint_is_what_it_tokenizes(data_dir, tmp_path):
+    path = data_dir / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    (tmp_path / "same.json").write_text(json.dumps(tok, indent=None, sort_keys=True))  # other bytes, same tokenizer
+    assert tokenizer_fingerprint(tmp_path / "same.json") == tokenizer_fingerprint(path)
+    merges = tok["model"]["merges"]
+    tok["model"]["merges"] = merges[1:] + merges[:1]  # same vocabulary size, other merge order
+    (tmp_path / "other.json").write_text(json.dumps(tok))
+    assert tokenizer_fingerprint(tmp_path / "other.json") != tokenizer_fingerprint(path)
+
+
+def test_analyze_refuses_data_of_another_tokenizer_unless_forced(data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(cfg_for(data_dir, run, steps=1))
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in data_dir.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    tok = json.loads((other / "tokenizer.json").read_text())
+    merges = tok["model"]["merges"]
+    tok["model"]["merges"] = merges[1:] + merges[:1]
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    args = ["analyze", "--model", str(run / "final"), "--data", str(other), "--batches", "1", "--batch-size", "1",
+            "--device", "cpu", "--json"]
+    assert main(args) == 2
+    assert "is not the tokenizer the model was trained with" in capsys.readouterr().err
+    assert main(args + ["--force"]) == 0
+
+
+def test_resume_run_dir_alone_continues_the_recorded_config(data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    first = train(cfg_for(data_dir, run, steps=6, stop_at_step=3, ckpt_every=3, lr=2e-3, seed=4))
+    assert not first.complete
+    assert main(["train", "--resume", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"] and summary["steps"] == 6
+    assert json.loads((run / "config.json").read_text())["train"]["lr"] == 2e-3
+    whole = train(cfg_for(data_dir, tmp_path / "whole", steps=6, lr=2e-3, seed=4))
+    assert list(_train_losses(run).values()) == pytest.approx(whole.losses, abs=1e-6)
+
+
+def test_set_cannot_change_a_runs_identity(data_dir, tmp_path, capsys):
+    base = ["train", "--data", str(data_dir), "--out", str(tmp_path / "a"), *TRAIN_ARGS, "--set", "steps=1"]
+    for item, flag in (("out_dir=b", "--out"), ("data_dir=x", "--data"), ("variant=baseline", "--variant"),
+                       ("model.size=small", "--preset")):
+        assert main(base + ["--set", item]) == 2
+        assert f"is set by {flag}, not --set" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# ------------------------------------------------------------------------------ properties
+INT_FIELDS = ["seq_len", "micro_batch", "grad_accum", "steps", "warmup_steps", "seed", "eval_every",
+              "eval_batches", "ckpt_every", "keep_checkpoints", "log_every", "spike_window", "overfit_batches"]
+LOWS = {"seq_len": 1, "micro_batch": 1, "grad_accum": 1, "steps": 1, "eval_batches": 1, "log_every": 1,
+        "spike_window": 1}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(INT_FIELDS), value=st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                                                         st.text(max_size=5), st.booleans(), st.none()))
+def test_property_integer_fields_accept_exactly_their_range(field, value):
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= LOWS.get(field, 0)
+    if field == "warmup_steps" and ok:
+        ok = True  # its bound against steps is checked by train, not the config
+    if ok:
+        assert getattr(TrainConfig(**{field: value}), field) == value
+    else:
+        with pytest.raises(ConfigError, match=field):
+            TrainConfig(**{field: value})
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=st.sampled_from(["lr", "eps", "weight_decay", "grad_clip", "min_lr_ratio", "spike_margin",
+                            "diverge_factor", "muon_momentum"]),
+       text=st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.text(max_size=6)))
+def test_property_set_values_parse_or_fail_naming_the_key(key, text):
+    try:
+        cfg = TrainConfig.from_sets({}, [f"{key}={text}"])
+    except ConfigError as e:
+        assert key in str(e) and "\n" not in str(e)
+    else:
+        value = getattr(cfg, key)
+        assert isinstance(value, float) and np.isfinite(value)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seq_len=st.integers(1, 64), max_len=st.integers(1, 64))
+def test_property_model_context_covers_the_training_length(seq_len, max_len):
+    if max_len < seq_len:
+        with pytest.raises(ConfigError, match="max_seq_len"):
+            TrainConfig(seq_len=seq_len, model_overrides={"max_seq_len": max_len})
+    else:
+        assert TrainConfig(seq_len=seq_len, model_overrides={"max_seq_len": max_len}).model_config(300).max_seq_len == max_len
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(docs=st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1,
+                             max_size=60), min_size=2, max_size=8),
+       seed=st.integers(0, 2**31), val=st.floats(0.05, 0.95))
+def test_property_prepare_round_trips_every_document(tmp_path_factory, data_dir, docs, seed, val):
+    """Any documents, seed and split: every non-empty document lands, decoded, in exactly one
+    split; the streams verify and hold only ids of the vocabulary."""
+    from tokenizers import Tokenizer
+
+    root = tmp_path_factory.mktemp("prop")
+    src = root / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    kept = [d for d in docs if d.strip()]
+    try:
+        prepare([str(src)], root / "d", tokenizer=data_dir / "tokenizer.json", val_fraction=val, seed=seed,
+                progress=False)
+    except GatedAttnError as e:
+        assert len(kept) < 2 and "\n" not in str(e)  # too few documents to split: a clear error
+        return
+    data = TokenData(root / "d", verify=True)
+    tok = Tokenizer.from_file(str(root / "d" / "tokenizer.json"))
+    streams = np.concatenate([np.asarray(data.train), np.asarray(data.val)]).astype(np.int64)
+    assert streams.max() < data.vocab_size
+    pieces = [tok.decode(list(map(int, seg)), skip_special_tokens=False)
+              for seg in np.split(streams, np.flatnonzero(streams == data.eos_id) + 1) if len(seg)]
+    decoded = sorted(p.removesuffix(data.manifest.eos_token) for p in pieces)
+    assert decoded == sorted(kept)
