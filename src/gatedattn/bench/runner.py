@@ -175,6 +175,8 @@ def measure_shape(cfg: BenchConfig, shape: Shape, ctx: Context, say: Callable[[s
                              "speedup": _ratio(a["tokens_per_s"], b["tokens_per_s"]),
                              "memory_ratio": _ratio(a.get("memory_bytes"), b.get("memory_bytes"))})
     del kinds
+    if ctx.compile:
+        torch._dynamo.reset()  # drop this shape's compiled graphs
     gc.collect()
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()

@@ -35,6 +35,7 @@ HF_GPT_OSS = "hf:GptOssAttention"
 OURS_GPT_OSS = "ours:sink-from-GptOss"
 HF_QWEN3 = "hf:Qwen3ForCausalLM"
 KINDS = ("layer", "train", "decode", "prefill")
+RECOMPILE_LIMIT = 64
 
 
 @dataclass
@@ -59,7 +60,15 @@ class Context:
     compile: bool
 
     def maybe_compile(self, fn):
-        return torch.compile(fn) if self.compile else fn
+        """``torch.compile(fn)`` when compiling. Every variant's layer shares one ``forward``
+        (and every model one ``loss``): raise dynamo's per-function recompile limit so that
+        none of them silently falls back to eager after the 8th."""
+        if not self.compile:
+            return fn
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
+        return torch.compile(fn)
 
 
 def attention_config(shape: Shape, variant: str) -> AttentionConfig:
