@@ -33,7 +33,7 @@ from gatedattn.train import TrainConfig, build_optimizer
 
 def bench(preset: str, variant: str, dtype: str, *, seq_len: int, batch: int, warmup: int, steps: int,
           vocab: int, optimizer: str, device: torch.device) -> dict:
-    cfg = TrainConfig(data_dir="-", out_dir="-", preset=preset, variant=variant, seq_len=seq_len,
+    cfg = TrainConfig(preset=preset, variant=variant, seq_len=seq_len,
                       micro_batch=batch, dtype=dtype, optimizer=optimizer)
     torch.manual_seed(0)
     model = GatedLM(cfg.model_config(vocab)).to(device)

@@ -22,7 +22,7 @@ from gatedattn.analysis.analyze import (
 from gatedattn.analysis.metrics import first_token_attention, massive_activation, sink_fraction, sink_scores
 from gatedattn.analysis.probe import Probe, hooked
 from gatedattn.config import RopeConfig
-from gatedattn.core import ProbeCore
+from gatedattn.analysis.probe import ProbeCore
 from gatedattn.data import TokenData, prepare
 from gatedattn.errors import GatedAttnError
 from gatedattn.model import GatedLM, ModelConfig

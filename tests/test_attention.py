@@ -210,7 +210,7 @@ def test_partial_rope_leaves_tail_channels_unrotated():
 def test_mla_latent_is_low_rank():
     layer = make("baseline", "mla")
     x = torch.randn(1, 20, D_MODEL)
-    _, k, v = layer.qkv(x)
+    _, k, v, _ = layer.qkv(x)
     # values of all heads come from a 12-wide latent: rank <= 12
     assert torch.linalg.matrix_rank(v.reshape(20, -1)) <= 12
     assert k.shape[-1] == layer.cfg.head_dim + 4

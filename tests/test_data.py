@@ -205,7 +205,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[dict, str]]:
     (occupied / "keep.txt").write_text("do not delete")
     return {
         "empty file": ({"inputs": [empty_file]}, "empty.txt: the file is empty"),
-        "empty directory": ({"inputs": [empty_dir]}, "no .txt or .md files"),
+        "empty directory": ({"inputs": [empty_dir]}, "no .txt, .md, .jsonl or .parquet files"),
         "only blank files": ({"inputs": [blank_files]}, "all 1 .txt/.md files are empty"),
         "non-utf8 file": ({"inputs": [latin1]}, "bad.txt: not valid UTF-8 (byte 0xe9"),
         "missing input": ({"inputs": [tmp / "nope"]}, "input not found"),
@@ -273,7 +273,7 @@ def test_failure_while_writing_leaves_old_output(tmp_path: Path, text_dir: Path,
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(module, "_encode_split", broken)
+    monkeypatch.setattr(module, "_encode_documents", broken)
     for out, overwrite in ((tmp_path / "fresh", False), (prepared, True)):
         with pytest.raises(OSError, match="disk full"):
             prepare([text_dir], out, vocab_size=SMALL_VOCAB, overwrite=overwrite, progress=False)

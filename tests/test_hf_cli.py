@@ -108,6 +108,37 @@ def test_convert_to_hf_format_and_back(hf_dir, tmp_path, capsys):
         torch.testing.assert_close(hf(ids).logits, load_model(hf_dir)(ids), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("fmt,variant,arch", [("qwen3-next", "gated", "Qwen3NextForCausalLM"),
+                                              ("hf", "gated", "Qwen3NextForCausalLM"),
+                                              ("official", "gated-headwise", "Qwen3ForCausalLM")])
+def test_convert_gated_to_qwen3_next_and_official(hf_dir, tmp_path, capsys, fmt, variant, arch):
+    code, out, err = run(capsys, "convert", "--from", hf_dir, "--to", tmp_path / "out", "--variant", variant,
+                         "--init", "random", "--format", fmt)
+    assert code == 0, err
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == [arch] and (tmp_path / "out" / "tokenizer.json").is_file()
+    assert config.get("headwise_attn_output_gate", False) == (fmt == "official")
+    back = load_model(tmp_path / "out")
+    assert back.cfg.variant == variant
+    ids = torch.randint(0, V, (1, 8))
+    if fmt != "official":  # stock transformers runs it
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+        with torch.no_grad():
+            torch.testing.assert_close(hf(ids).logits, back(ids), atol=1e-4, rtol=0)
+
+
+def test_convert_self_contained_writes_code_and_auto_map(hf_dir, tmp_path, capsys):
+    code, out, err = run(capsys, "convert", "--from", hf_dir, "--to", tmp_path / "out", "--variant", "hyga",
+                         "--self-contained")
+    assert code == 0, err
+    assert "with its modelling code" in out
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_gatedattn.GatedAttnForCausalLM"
+    assert {"modeling_gatedattn.py", "configuration_gatedattn.py", "attention.py"} <= {
+        p.name for p in (tmp_path / "out").iterdir()}
+    assert load_model(tmp_path / "out").cfg.variant == "hyga"
+
+
 def test_convert_refuses_and_overwrites_only_with_force(hf_dir, tmp_path, capsys):
     target = tmp_path / "out"
     target.mkdir()
@@ -123,7 +154,11 @@ def test_convert_refuses_and_overwrites_only_with_force(hf_dir, tmp_path, capsys
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["convert", "--from", "{hf}", "--to", "{tmp}/x", "--variant", "gated", "--format", "hf"], "gate"),
+    (["convert", "--from", "{hf}", "--to", "{tmp}/x", "--variant", "hyga", "--format", "hf"], "h_dim=16"),
+    (["convert", "--from", "{hf}", "--to", "{tmp}/x", "--variant", "gated-headwise", "--format", "qwen3-next"],
+     "granularity='headwise'"),
+    (["convert", "--from", "{hf}", "--to", "{tmp}/x", "--format", "official"], "no gate"),
+    (["convert", "--from", "{hf}", "--to", "{tmp}/x", "--format", "hf", "--self-contained"], "--self-contained"),
     (["convert", "--from", "{tmp}/missing", "--to", "{tmp}/x"], "not a directory"),
     (["convert", "--from", "{hf}", "--to", "{tmp}/x", "--variant", "nope"], "unknown variant"),
     (["convert", "--from", "{hf}", "--to", "{tmp}/x", "--init", "random"], "--init needs --variant"),

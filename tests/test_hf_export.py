@@ -75,17 +75,21 @@ def test_export_rope_scaling(tmp_path, rope):
 ])
 def test_export_refuses_what_stock_transformers_cannot_express(tmp_path, variant, kw, message):
     model = micro(variant, **kw)
-    with pytest.raises(GatedAttnError, match=message):
-        export_hf(model, tmp_path / "hf")
+    with pytest.raises(GatedAttnError, match=message) as err:
+        export_hf(model, tmp_path / "hf", layout="stock")
+    assert "\n" not in str(err.value)
     assert not (tmp_path / "hf").exists()
 
 
 # ----------------------------------------------------------------------------- Auto classes
-@pytest.mark.parametrize("variant", ["gated", "hyga-sink"])
+@pytest.mark.parametrize("variant", ["gated", "hyga-sink", "mla"])
 def test_auto_classes_load_and_generate_our_format(tmp_path, variant):
     register_auto()
     register_auto()  # idempotent
-    model = micro(variant, tie_embeddings=False)
+    if variant == "mla":  # decoding caches the latent, through transformers' cache too
+        model = micro("gated", tie_embeddings=False, attention_fields={"kv": "mla"})
+    else:
+        model = micro(variant, tie_embeddings=False)
     model.save_pretrained(tmp_path / "m")
     assert type(AutoConfig.from_pretrained(tmp_path / "m")).__name__ == "GatedAttnHFConfig"
     wrapped = AutoModelForCausalLM.from_pretrained(tmp_path / "m")

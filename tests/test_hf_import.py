@@ -15,9 +15,9 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Q
                           Qwen3Config, Qwen3ForCausalLM)
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb, repeat_kv
 
-from gatedattn import GatedAttnError
+from gatedattn import GatedAttnError, RopeConfig
 from gatedattn.hf import load as hf_load
-from gatedattn.hf import load_model
+from gatedattn.hf import export_hf, load_model
 from gatedattn.hf.layouts import join_grouped, join_interleaved, split_grouped, split_interleaved
 from gatedattn.model import GatedLM, ModelConfig
 
@@ -236,6 +236,57 @@ def test_layouts_coincide_only_without_gqa():
     assert torch.equal(join_grouped(*split_grouped(packed, 4, 2, d, 1), 4, 2, d, 1), packed)
 
 
+# ----------------------------------------------------------------------------- official layout: export
+@pytest.mark.parametrize("kind", list(OFFICIAL))
+def test_official_round_trip_is_bit_exact(tmp_path, kind):
+    """official -> gatedattn -> official gives back the same tensors, bit for bit."""
+    _, path = make_official(tmp_path, **OFFICIAL[kind])
+    export_hf(load_model(path), tmp_path / "again", layout="official")
+    before, after = load_file(path / "model.safetensors"), load_file(tmp_path / "again" / "model.safetensors")
+    assert sorted(before) == sorted(after)
+    for name in before:
+        assert before[name].dtype == after[name].dtype and torch.equal(before[name], after[name]), name
+    raw, again = (json.loads((p / "config.json").read_text()) for p in (path, tmp_path / "again"))
+    for key in hf_load.OFFICIAL_GATE_KEYS + ("attention_bias", "num_key_value_heads", "head_dim"):
+        assert again[key] == raw[key], key
+
+
+@pytest.mark.parametrize("variant,n_kv", [("gated", 2), ("gated-headwise", 2), ("gated", 4), ("gated-headwise", 1)])
+def test_gated_model_exports_to_the_official_layout(tmp_path, variant, n_kv):
+    """Our gated models, written in the official layout, run in the reference official
+    attention with the same logits (and load back bit-exactly)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset("micro", variant, vocab_size=V, tie_embeddings=False)
+    model = randomize(GatedLM(cfg.replace(attention=cfg.attention.replace(n_kv_heads=n_kv))))
+    export_hf(model, tmp_path / "official", layout="official")
+    config = Qwen3Config.from_pretrained(tmp_path / "official")
+    config._attn_implementation = "eager"
+    ref = Qwen3ForCausalLM(config)
+    for i, layer in enumerate(ref.model.layers):
+        layer.self_attn = OfficialGatedQwen3Attention(config, i)
+    missing, unexpected = ref.load_state_dict(load_file(tmp_path / "official" / "model.safetensors"), strict=False)
+    assert not unexpected and missing == []
+    ids = torch.randint(0, V, (2, 11))
+    torch.testing.assert_close(logits(ref.eval(), ids), logits(model, ids), atol=1e-4, rtol=0)
+    again = load_model(tmp_path / "official")
+    assert again.cfg.attention == model.cfg.attention and torch.equal(logits(again, ids), logits(model, ids))
+
+
+@pytest.mark.parametrize("variant,fields,message", [
+    ("g1-silu", {}, "activation='silu'"),
+    ("hyga", {}, "h_dim=|cross_head"),
+    ("sink", {}, "no gate"),
+    ("gated", {"rope": RopeConfig(fraction=0.5)}, "fraction=0.5"),
+    ("gated", {"qkv_bias": True}, "qkv_bias"),
+])
+def test_official_export_refusals_write_nothing(tmp_path, variant, fields, message):
+    cfg = ModelConfig.from_preset("micro", variant, vocab_size=V)
+    model = GatedLM(cfg.replace(attention=cfg.attention.replace(**fields)))
+    with pytest.raises(GatedAttnError, match=message) as err:
+        export_hf(model, tmp_path / "out", layout="official")
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------------------- refusals
 def _write_config(path, **changes):
     raw = json.loads((path / "config.json").read_text())
@@ -259,7 +310,7 @@ def _write_config(path, **changes):
     ({"elementwise_attn_output_gate": True, "headwise_attn_output_gate": True}, "elementwise_attn_output_gate"),
     ({"elementwise_attn_output_gate": True, "qkv_bias": False, "attention_bias": True}, "attention_bias"),
     ({"model_type": "bert"}, "model_type"),
-    ({"model_type": "qwen3_next"}, "attention_from_qwen3_next"),
+    ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]}, "layer 0 has a MoE MLP"),
     ({"architectures": ["Qwen3ForSequenceClassification"]}, "architectures"),
     ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
 ])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+
+from gatedattn.train.divergence import first_divergence
 import torch
 
 from gatedattn.analysis import (
@@ -262,14 +264,15 @@ def test_non_finite_losses_are_spikes_and_divergence():
     assert diverged(losses)
 
 
-def test_diverged_when_final_loss_far_above_minimum():
-    losses = noisy_decreasing_loss(300)
-    blown_up = losses + [7.0] * 10
-    assert diverged(blown_up)
-    one_late_spike = losses + [9.0]
-    assert not diverged(one_late_spike)
-    assert not diverged(losses + [4.0] * 10)  # min is about 3.0; 4.0 < 1.5 * 3.0
-    assert diverged(losses + [4.0] * 10, margin=0.5, relative=False)
+def test_diverged_is_the_trainers_rule():
+    """The loss-curve check and the trainer stop on the same rule (train/divergence.py):
+    a non-finite loss, or a loss above diverge_factor x the first loss."""
+    losses = noisy_decreasing_loss(300)  # starts near 8.0, ends near 3.0
+    assert not diverged(losses + [9.0])  # one late spike below 2 x 8.0
+    assert diverged(losses + [17.0])  # above 2 x the first loss
+    assert not diverged(losses + [17.0], diverge_factor=3.0)
+    assert first_divergence(losses + [17.0]) == (300, first_divergence(losses + [17.0])[1])
+    assert "diverge_factor 2" in first_divergence(losses + [17.0])[1]
     with pytest.raises(ValueError):
         diverged([])
 

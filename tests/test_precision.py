@@ -20,9 +20,26 @@ AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl"}
     (frozenset(), False),                 # unknown flags: fp32 is the safe choice
 ])
 def test_cpu_native_bf16_reads_the_flags(flags, native):
-    got, reason = cpu_native_bf16(flags)
+    got, reason = cpu_native_bf16(flags, timing=(1.0, 0.3))
     assert got is native
     assert reason
+
+
+def test_bf16_flags_but_emulated_kernels_mean_fp32():
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX512-BF16 CPU: the timing shows bf16 is emulated."""
+    got, reason = cpu_native_bf16(AVX512 | {"avx512_bf16"}, timing=(0.001, 0.04))
+    assert not got and "emulated" in reason
+
+
+def test_emulated_avx2_machine_resolves_to_fp32():
+    """A real AVX2-only run (forced through the environment) picks fp32 by measurement."""
+    import subprocess
+    import sys
+
+    code = "from gatedattn.precision import resolve_dtype; p = resolve_dtype('auto', 'cpu'); print(p.dtype)"
+    env = {**__import__("os").environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "fp32", out.stderr
 
 
 def test_requested_dtypes_are_kept():

@@ -16,7 +16,7 @@ import torch
 
 import gatedattn.cli
 import gatedattn.train.checkpoint as ckpt_mod
-import gatedattn.train.loop as loop_mod
+import gatedattn.train.trainer as trainer_mod
 from gatedattn import GatedLM
 from gatedattn.analysis import loss_spikes
 from gatedattn.data import TokenData, prepare
@@ -110,8 +110,10 @@ def test_train_config_validation_names_field(tmp_path):
 
 
 def test_set_keys_parse_by_type_and_reach_the_model():
-    fields, model = parse_sets(["lr=3e-3", "steps=1e3", "betas=0.8,0.9", "compile=false", "max_tokens=none",
-                                "gate.activation=silu", "model.n_layers=3", "rope.theta=5e5", "attention.sink=yes"])
+    parsed = parse_sets(["lr=3e-3", "steps=1e3", "betas=0.8,0.9", "compile=false", "max_tokens=none",
+                         "gate.activation=silu", "model.n_layers=3", "rope.theta=5e5", "attention.sink=yes"])
+    fields = {k: v for k, v in parsed.items() if not k.startswith("model.")}
+    model = {k: v for k, v in parsed.items() if k.startswith("model.")}
     assert fields == {"lr": 3e-3, "steps": 1000, "betas": (0.8, 0.9), "compile": False, "max_tokens": None}
     cfg = TrainConfig.from_sets({"data_dir": "d", "out_dir": "o", "variant": "gated", "preset": "micro"},
                                 [f"{k}={v}" for k, v in [("gate.activation", "silu"), ("model.n_layers", "3"),
@@ -120,7 +122,7 @@ def test_set_keys_parse_by_type_and_reach_the_model():
     assert (mc.n_layers, mc.attention.gate.activation, mc.attention.rope.theta, mc.attention.sink) == (3, "silu", 5e5, True)
     assert mc.max_seq_len == cfg.seq_len == mc.attention.rope.original_max_len
     assert model["model.n_layers"] == 3
-    assert "lr" in settable_keys() and "gate.activation" in settable_keys() and "model_overrides" not in settable_keys()
+    assert "lr" in settable_keys() and "model.gate.activation" in settable_keys() and "model_overrides" not in settable_keys()
     for bad, match in [("lrr=1", r"unknown --set key 'lrr' \(did you mean 'lr'\?\); valid keys: data_dir"),
                        ("lr=abc", "expected a number"), ("steps=1.5", "expected an integer"),
                        ("compile=maybe", "expected true or false"), ("lr", "expected KEY=VALUE"),
@@ -177,7 +179,7 @@ def test_same_seed_same_losses_and_run_directory(data_dir, tmp_path):
     assert csv_lines[0].startswith("step,tokens,loss,lr,grad_norm") and csv_lines[0].endswith("probe")
     assert len(csv_lines) == 1 + 7  # steps 0..6, train and eval of a step in one row
     config = json.loads((run / "config.json").read_text())
-    assert config["train"]["variant"] == "gated" and config["model"]["attention"]["gate"] is not None
+    assert config["train"]["model"]["variant"] == "gated" and config["model"]["attention"]["gate"] is not None
     assert config["world_size"] == 1 and config["global_batch"] == 4 and config["data"]["vocab_size"] == 300
     version = json.loads((run / "code_version").read_text())
     assert set(version) == {"git_commit", "git_dirty", "gatedattn_version"}
@@ -300,7 +302,7 @@ def test_bf16_and_muon_train(data_dir, tmp_path):
 # ---------------------------------------------------------------------------- stability tooling
 def _perturb_loss(monkeypatch, at_call: int, factor: float) -> None:
     """Scale the loss (value and gradient) of the ``at_call``-th training micro-batch."""
-    original, calls = loop_mod._lm_loss, []
+    original, calls = trainer_mod.lm_loss, []
 
     def perturbed(logits, batch, reduction="mean"):
         loss = original(logits, batch, reduction)
@@ -310,7 +312,7 @@ def _perturb_loss(monkeypatch, at_call: int, factor: float) -> None:
                 return loss * factor
         return loss
 
-    monkeypatch.setattr(loop_mod, "_lm_loss", perturbed)
+    monkeypatch.setattr(trainer_mod, "lm_loss", perturbed)
 
 
 def test_nonfinite_step_is_skipped_when_asked(data_dir, tmp_path, monkeypatch):
@@ -420,9 +422,9 @@ def test_existing_or_incompatible_run_is_refused_untouched(data_dir, tmp_path, c
         (["--set", "lr=1e-2"], "holds a run with a different config (train.lr: 0.003 there, 0.01 here)"),
         ([], "already holds this run; pass --resume"),
         (["--resume", "--set", "seq_len=16"], "checkpoint step 2 has a different config (train.seq_len: 32 there, 16 here)"),
-        (["--resume", "--variant", "baseline"], "train.variant: 'gated' there, 'baseline' here"),
+        (["--resume", "--variant", "baseline"], "train.model.variant: 'gated' there, 'baseline' here"),
         (["--resume", "--set", "micro_batch=2", "--set", "grad_accum=2"], "train.micro_batch"),
-        (["--resume", "--set", "model.n_layers=3"], "different config (train.model_overrides"),
+        (["--resume", "--set", "model.n_layers=3"], "different config (train.model.lm.n_layers"),
         (["--resume", "--set", "steps=1"], "checkpoint is at step 2, beyond the 1 steps"),
     ]:
         assert main(base + extra) == 2, extra

@@ -7,20 +7,32 @@ Data flow for one layer (``X`` is the input after the pre-norm)::
     H = core(q, k, v, sink)               # (B, T, H, Dv), causal
     H = gate(head_transform(H), X)        # g1: X-gate, H-gate, C-gate (HyGA)
     Y = o_proj(H)                         # g5 gates Y
+
+Two fusions keep the gate cheap in training. A full-rank X-gate at g1 or g4 is computed
+in the query projection's matmul (``[q | gate] = X [W_q | W_gate]``, as Qwen3-Next packs
+``q_proj``); the parameters stay separate modules. A g1 gate of the form
+``H * sigmoid(logits)`` and ``o_proj`` run as one autograd function
+(``ops.gated_linear``) that recomputes the scores in backward instead of keeping them.
+The plain path runs whenever gradients are off or a hook watches the gate's scores or
+``o_proj``, so analysis hooks see every score.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gatedattn.cache import KVCache
-from gatedattn.config import AttentionConfig
+from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.core import AttentionCore
 from gatedattn.gates import Gate, HeadTransform
 from gatedattn.norm import RMSNorm
+from gatedattn.ops.gate import gated_linear
 from gatedattn.rope import Rotary, apply_rope
 
 # index into (q, k, v) of the tensor that a projection-side gate scales
@@ -38,13 +50,28 @@ class GQAProjection(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, Hkv * D, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, Hkv * D, bias=cfg.qkv_bias)
 
-    def forward(self, x_BTC: torch.Tensor):
+    def forward(self, x_BTC: torch.Tensor, extra: nn.Linear | None = None):
+        """q, k, v and, when ``extra`` is given, ``extra(X)`` from the same matmul as q."""
         B, T, _ = x_BTC.shape
         c = self.cfg
-        q_BTHD = self.q_proj(x_BTC).view(B, T, c.n_heads, c.head_dim)
+        if extra is None:
+            q, extra_out = self.q_proj(x_BTC), None
+        else:
+            q, extra_out = _packed_linear(x_BTC, self.q_proj, extra)
+        q_BTHD = q.view(B, T, c.n_heads, c.head_dim)
         k_BTHD = self.k_proj(x_BTC).view(B, T, c.n_kv_heads, c.head_dim)
         v_BTHD = self.v_proj(x_BTC).view(B, T, c.n_kv_heads, c.head_dim)
-        return q_BTHD, k_BTHD, v_BTHD
+        return q_BTHD, k_BTHD, v_BTHD, extra_out
+
+
+def _packed_linear(x: torch.Tensor, first: nn.Linear, second: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """``first(x), second(x)`` as one matmul over the stacked weights."""
+    weight = torch.cat((first.weight, second.weight))
+    bias = None
+    if first.bias is not None or second.bias is not None:
+        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+                          for m in (first, second)])
+    return F.linear(x, weight, bias).split((first.out_features, second.out_features), dim=-1)
 
 
 class MLAProjection(nn.Module):
@@ -70,20 +97,35 @@ class MLAProjection(nn.Module):
         self.kv_a_norm = RMSNorm(m.kv_rank, eps=cfg.norm_eps)
         self.kv_b_proj = nn.Linear(m.kv_rank, H * (cfg.head_dim + cfg.v_dim), bias=False)
 
-    def forward(self, x_BTC: torch.Tensor):
+    def query(self, x_BTC: torch.Tensor) -> torch.Tensor:
+        """q (B, T, H, Dqk)."""
         B, T, _ = x_BTC.shape
-        c, m, H = self.cfg, self.cfg.mla, self.cfg.n_heads
-        if m.q_rank:
+        if self.cfg.mla.q_rank:
             q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x_BTC)))
         else:
             q = self.q_proj(x_BTC)
-        q_BTHD = q.view(B, T, H, c.qk_dim)
+        return q.view(B, T, self.cfg.n_heads, self.cfg.qk_dim)
+
+    def latent(self, x_BTC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What decoding caches per token: the normalised latent (B, T, kv_rank) and the
+        shared RoPE key part (B, T, 1, rope_dim), one "head" for all heads."""
+        m = self.cfg.mla
         latent, k_rope_BTR = self.kv_a_proj(x_BTC).split((m.kv_rank, m.rope_dim), dim=-1)
-        kv = self.kv_b_proj(self.kv_a_norm(latent)).view(B, T, H, c.head_dim + c.v_dim)
+        return self.kv_a_norm(latent), k_rope_BTR[:, :, None, :]
+
+    def expand(self, latent_BTR: torch.Tensor, k_rope_BT1R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head keys (B, T, H, rope_dim + head_dim) and values (B, T, H, Dv) from the latent."""
+        B, T, _ = latent_BTR.shape
+        c, H = self.cfg, self.cfg.n_heads
+        kv = self.kv_b_proj(latent_BTR).view(B, T, H, c.head_dim + c.v_dim)
         k_nope, v_BTHD = kv.split((c.head_dim, c.v_dim), dim=-1)
-        k_rope = k_rope_BTR[:, :, None, :].expand(B, T, H, m.rope_dim)
-        k_BTHD = torch.cat((k_rope, k_nope), dim=-1)
-        return q_BTHD, k_BTHD, v_BTHD
+        k_rope = k_rope_BT1R.expand(B, T, H, self.cfg.mla.rope_dim)
+        return torch.cat((k_rope, k_nope), dim=-1), v_BTHD
+
+    def forward(self, x_BTC: torch.Tensor, extra: nn.Linear | None = None):
+        latent, k_rope = self.latent(x_BTC)
+        k_BTHD, v_BTHD = self.expand(latent, k_rope)
+        return self.query(x_BTC), k_BTHD, v_BTHD, None if extra is None else extra(x_BTC)
 
 
 class Attention(nn.Module):
@@ -141,10 +183,37 @@ class Attention(nn.Module):
             positions = positions[None]  # (1, T)
         position = self.cfg.gate.position if self.gate is not None else None
 
-        qkv = list(self.qkv(x))  # q (B,T,H,Dqk), k (B,T,Hkv,Dqk), v (B,T,Hkv,Dv)
+        if cache is not None and self.caches_latent:
+            q, k, v, x_gate = self._qkv_from_latent(x, positions, cache)
+        else:
+            q, k, v, x_gate = self._qkv(x, positions, cache)
+        h = self.core(q, k, v, self.sink, q_offset=offset, scale=self.scale)
+        h_BTHD = self.head_transform(h.transpose(1, 2))
+        if position == "g1" and self._fuse_gate_with_o_proj():
+            logits = self.gate.logits(h_BTHD, x, x_gate)
+            return gated_linear(h_BTHD, logits, self.o_proj.weight, self.o_proj.bias)
+        if position == "g1":
+            h_BTHD = self.gate(h_BTHD, x, x_gate)
+        y = self.o_proj(h_BTHD.reshape(B, T, -1))
+        if position == "g5":
+            y = self.gate(y[:, :, None, :], x)[:, :, 0, :]
+        return y
+
+    @property
+    def caches_latent(self) -> bool:
+        """MLA decoding caches the latent and the shared RoPE key, not per-head K/V; a g2/g3
+        gate (which scales the expanded V/K by a score from each token's X) rules it out."""
+        return self.cfg.kv == "mla" and (self.gate is None or self.cfg.gate.position not in ("g2", "g3"))
+
+    def _qkv(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None):
+        """q (B, H, T, Dqk), k and v (B, Hkv, Tk, D) after gates, norms, RoPE and the cache;
+        and ``X W_gate`` when the X-gate was packed with the query projection."""
+        position = self.cfg.gate.position if self.gate is not None else None
+        # q (B,T,H,Dqk), k (B,T,Hkv,Dqk), v (B,T,Hkv,Dv); x_gate = X W_gate when packed with q
+        *qkv, x_gate = self.qkv(x, self._packed_gate_proj())
         if position in _PROJECTION_GATES:
             i = _PROJECTION_GATES[position]
-            qkv[i] = self.gate(qkv[i], x)
+            qkv[i] = self.gate(qkv[i], x, x_gate)
         q, k, v = qkv
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -154,15 +223,61 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         if cache is not None:
             k, v = cache.update(k, v)
-        h = self.core(q, k, v, self.sink, q_offset=offset, scale=self.scale)
-        h_BTHD = self.head_transform(h.transpose(1, 2))
-        if position == "g1":
-            h_BTHD = self.gate(h_BTHD, x)
-        y = self.o_proj(h_BTHD.reshape(B, T, -1))
-        if position == "g5":
-            y = self.gate(y[:, :, None, :], x)[:, :, 0, :]
-        return y
+        return q, k, v, x_gate
+
+    def _qkv_from_latent(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache):
+        """MLA with a cache: append this step's latent and rotated RoPE key to the cache,
+        then expand every cached position into per-head keys and values."""
+        proj: MLAProjection = self.qkv
+        q = proj.query(x)
+        if self.gate is not None and self.cfg.gate.position == "g4":
+            q = self.gate(q, x)
+        latent, k_rope = proj.latent(x)  # (B, T, kv_rank), (B, T, 1, rope_dim)
+        cos, sin = self.rotary.cos_sin(positions, q.dtype)
+        q, k_rope = apply_rope(q, cos, sin), apply_rope(k_rope, cos, sin)
+        latent, k_rope = cache.update_latent(latent, k_rope)
+        k, v = proj.expand(latent, k_rope)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None
+
+    def _packed_gate_proj(self) -> nn.Linear | None:
+        """The X-gate projection to compute in the query projection's matmul, if any."""
+        g = self.gate
+        if g is None or g.x is None or self.cfg.gate.position not in ("g1", "g4") or self.cfg.kv != "gqa":
+            return None
+        return g.x.linear
+
+    def _fuse_gate_with_o_proj(self) -> bool:
+        """Run the g1 gate and o_proj as ``ops.gated_linear`` (training), unless hooks watch them."""
+        return (torch.is_grad_enabled() and self.gate.is_sigmoid_product
+                and not _hooked(self.gate.score) and not _hooked(self.o_proj))
+
+    # The analysis seam: run the layer with another core or RoPE for the body of a ``with``.
+    @contextlib.contextmanager
+    def with_core(self, core: nn.Module) -> Iterator[nn.Module]:
+        """Compute attention with ``core`` (same call signature as ``AttentionCore``)
+        within the body, e.g. one that also reports its probabilities; restored after."""
+        saved = self.core
+        self.core = core
+        try:
+            yield core
+        finally:
+            self.core = saved
+
+    @contextlib.contextmanager
+    def with_rope(self, rope: RopeConfig) -> Iterator[Rotary]:
+        """Rotate queries and keys with ``rope`` (e.g. scaled for longer contexts) within
+        the body; the layer's own RoPE returns after."""
+        saved = self.rotary
+        self.rotary = Rotary(rope, saved.rot_dim).to(saved.inv_freq.device)
+        try:
+            yield self.rotary
+        finally:
+            self.rotary = saved
 
     def extra_repr(self) -> str:
         c = self.cfg
         return f"heads={c.n_heads}, kv_heads={c.n_kv_heads}, head_dim={c.head_dim}, kv={c.kv!r}"
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)

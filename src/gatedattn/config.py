@@ -14,15 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatedattn.errors import ConfigError, check_choice
+from gatedattn.settings import option
 
 GATE_POSITIONS = ("g1", "g2", "g3", "g4", "g5")
-GATE_POSITION_NAMES = {
-    "g1": "after SDPA, before W_O",
-    "g2": "after the value projection",
-    "g3": "after the key projection",
-    "g4": "after the query projection",
-    "g5": "after the output projection W_O",
-}
 GRANULARITIES = ("elementwise", "headwise")
 ACTIVATIONS = ("sigmoid", "silu", "ns-sigmoid", "identity")
 COMBINES = ("multiply", "add")
@@ -52,13 +46,13 @@ class RopeConfig:
     ``factor`` relative to ``original_max_len``.
     """
 
-    theta: float = 10000.0
-    fraction: float = 1.0
-    scaling: str = "none"
-    factor: float = 1.0
-    original_max_len: int = 2048
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
+    theta: float = option(10000.0, help="RoPE base: channel pair i turns at theta^(-2i/rot_dim) per position")
+    fraction: float = option(1.0, help="share of each head's channels that rotate (partial RoPE; 1 = all)")
+    scaling: str = option("none", help="position scaling for extrapolation: none, linear, ntk, yarn")
+    factor: float = option(1.0, help="scaling factor (>= 1) relative to original_max_len")
+    original_max_len: int = option(2048, help="the context the scaling is relative to (the training context)")
+    beta_fast: float = option(32.0, help="YaRN: rotations per context above which a channel is not interpolated")
+    beta_slow: float = option(1.0, help="YaRN: rotations per context below which a channel is fully interpolated")
 
     def __post_init__(self) -> None:
         _positive("RopeConfig", "theta", self.theta)
@@ -81,9 +75,9 @@ class MLAConfig:
     the (decoupled) rotary position, shared by all heads on the key side. ``q_rank`` > 0
     also factorises the query projection."""
 
-    kv_rank: int = 128
-    rope_dim: int = 32
-    q_rank: int = 0
+    kv_rank: int = option(128, help="width of the shared key/value latent")
+    rope_dim: int = option(32, help="decoupled rotary channels per query/key head (even)")
+    q_rank: int = option(0, help="width of the query latent (0: a full-rank query projection)")
 
     def __post_init__(self) -> None:
         _positive("MLAConfig", "kv_rank", self.kv_rank)
@@ -109,17 +103,19 @@ class GateConfig:
     and the *C-gate* (``cross_head``), a headwise sigmoid from all heads' outputs.
     """
 
-    position: str = "g1"
-    granularity: str = "elementwise"
-    shared: bool = False
-    activation: str = "sigmoid"
-    combine: str = "multiply"
-    source: str = "input"
-    rank: int = 0
-    bias: bool = False
-    h_dim: int = 0
-    fusion: str = "add"
-    cross_head: bool = False
+    position: str = option("g1", help="where the gate acts: g1 after SDPA, g2 value, g3 key, g4 query, "
+                                      "g5 after W_O")
+    granularity: str = option("elementwise", help="elementwise (one score per channel) or headwise (per head)")
+    shared: bool = option(False, help="one gate shared by all heads instead of one per head")
+    activation: str = option("sigmoid", help="score function: sigmoid, silu, ns-sigmoid (0.5 + 0.5 sigmoid), "
+                                             "identity")
+    combine: str = option("multiply", help="multiply (Y * g) or add (Y + g)")
+    source: str = option("input", help="X-gate logits: input (X W), static (learned constants) or none")
+    rank: int = option(0, help="X-gate inner width: > 0 makes it low-rank, SiLU(X W_d) W_u")
+    bias: bool = option(False, help="a bias on the X-gate logits")
+    h_dim: int = option(0, help="HyGA H-gate inner width (0: no H-gate); logits from each head's own output")
+    fusion: str = option("add", help="X and H logits: add (act(x + h)) or multiply (act(x) * act(h))")
+    cross_head: bool = option(False, help="HyGA C-gate: a headwise sigmoid computed from all heads' outputs")
 
     def __post_init__(self) -> None:
         owner = "GateConfig"
@@ -174,21 +170,21 @@ class AttentionConfig:
     when a sink is on), ``sdpa``, ``flash-lse`` or the plain ``reference``.
     """
 
-    d_model: int
-    n_heads: int
-    n_kv_heads: int | None = None
-    head_dim: int | None = None
-    kv: str = "gqa"
-    mla: MLAConfig | None = None
-    rope: RopeConfig = field(default_factory=RopeConfig)
-    qk_norm: bool = False
-    qkv_bias: bool = False
-    o_bias: bool = False
-    norm_eps: float = 1e-6
-    gate: GateConfig | None = None
-    head_transform: str = "none"
-    sink: bool = False
-    kernel: str = "auto"
+    d_model: int = field(metadata={"set": False, "help": "width of the residual stream"})
+    n_heads: int = field(metadata={"set": False, "help": "query heads"})
+    n_kv_heads: int | None = option(None, set=False, help="key/value heads (GQA; None: n_heads)")
+    head_dim: int | None = option(None, set=False, help="channels per head (None: d_model / n_heads)")
+    kv: str = option("gqa", help="key/value layout: gqa or mla (latent KV)")
+    mla: MLAConfig | None = option(None, set=False, help="the MLA latent shapes (with kv='mla')")
+    rope: RopeConfig = field(default_factory=RopeConfig, metadata={"set": False, "help": "rotary positions"})
+    qk_norm: bool = option(False, help="per-head RMSNorm on queries and keys (Qwen3)")
+    qkv_bias: bool = option(False, help="biases on the q/k/v projections (Qwen2)")
+    o_bias: bool = option(False, help="a bias on the output projection")
+    norm_eps: float = option(1e-6, help="epsilon of the attention's RMSNorms")
+    gate: GateConfig | None = option(None, set=False, help="the gates (None: ungated)")
+    head_transform: str = option("none", help="non-gate non-linearity on each head's output: none, rmsnorm, silu")
+    sink: bool = option(False, help="a learnable per-head sink logit in the softmax (GPT-OSS)")
+    kernel: str = option("auto", help="attention core: auto, sdpa, flash-lse (returns the log-sum-exp), reference")
 
     def __post_init__(self) -> None:
         owner = "AttentionConfig"

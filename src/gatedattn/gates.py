@@ -25,6 +25,33 @@ def _uniform_(p: torch.Tensor, fan_in: int) -> torch.Tensor:
     return nn.init.uniform_(p, -bound, bound)
 
 
+def _reset_linear(linear: nn.Module, std: float) -> None:
+    if isinstance(linear, PerHeadLinear):
+        linear.reset_parameters(std)
+        return
+    nn.init.normal_(linear.weight, 0.0, std)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+
+
+def _silu_inverse_of_one() -> float:
+    """b with b * sigmoid(b) = 1 (Newton)."""
+    b = 1.0
+    for _ in range(50):
+        s = 1.0 / (1.0 + math.exp(-b))
+        f, df = b * s - 1.0, s + b * s * (1.0 - s)
+        b -= f / df
+    return b
+
+
+def identity_logit(cfg: GateConfig) -> float:
+    """The X-gate logit an identity initialisation starts from: where a multiplied SiLU
+    (or identity) score is 1; 0 for sigmoid-type scores and for additive gates."""
+    if cfg.combine != "multiply":
+        return 0.0
+    return {"silu": _silu_inverse_of_one(), "identity": 1.0}.get(cfg.activation, 0.0)
+
+
 class GateScore(nn.Module):
     """Logits -> gate scores. ``ns-sigmoid`` is 0.5 + 0.5 sigmoid, range [0.5, 1]."""
 
@@ -53,6 +80,12 @@ class PerHeadLinear(nn.Module):
         self.weight = nn.Parameter(_uniform_(torch.empty(groups, n_in, n_out), n_in))
         self.bias = nn.Parameter(torch.zeros(groups, n_out)) if bias else None
 
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.weight, 0.0, std)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
     def forward(self, x_GI: torch.Tensor) -> torch.Tensor:
         y = torch.einsum("...gi,gio->...go", x_GI, self.weight.to(x_GI.dtype))
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -77,14 +110,44 @@ class XLogits(nn.Module):
         else:
             self.proj = nn.Linear(d_model, groups * width, bias=cfg.bias)
 
-    def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        """Normal(0, std) weights, zero biases, zero static logits."""
+        if self.static:
+            nn.init.zeros_(self.logits)
+            return
+        for linear in ((self.down, self.up) if self.rank else (self.proj,)):
+            _reset_linear(linear, std)
+
+    @torch.no_grad()
+    def init_identity(self, logit: float, std: float) -> None:
+        """Make the logits the constant ``logit`` (the last map zero, its bias ``logit``;
+        without a bias only 0 is reachable); a low-rank gate's inner map stays random."""
+        if self.static:
+            self.logits.fill_(logit)
+            return
+        last = self.up if self.rank else self.proj
+        if self.rank:
+            nn.init.normal_(self.down.weight, 0.0, std)
+        last.weight.zero_()
+        if last.bias is not None:
+            last.bias.fill_(logit)
+
+    @property
+    def linear(self) -> nn.Linear | None:
+        """The full-rank ``X W`` projection, which a caller may fuse into its own matmul
+        (then it passes the product to ``forward`` as ``projected``); None otherwise."""
+        return None if self.static or self.rank else self.proj
+
+    def forward(self, x_BTC: torch.Tensor, projected: torch.Tensor | None = None) -> torch.Tensor:
         if self.static:
             return self.logits[None, None]
         B, T, _ = x_BTC.shape
         if self.rank:
             inner = F.silu(self.down(x_BTC)).view(B, T, self.groups, self.rank)
             return self.up(inner)
-        return self.proj(x_BTC).view(B, T, self.groups, self.width)
+        flat = self.proj(x_BTC) if projected is None else projected
+        return flat.view(B, T, self.groups, self.width)
 
     def flops(self, n_tokens: int) -> int:
         if self.static:
@@ -103,6 +166,17 @@ class HLogits(nn.Module):
         self.down = PerHeadLinear(groups, dim, inner)
         self.up = PerHeadLinear(groups, inner, width)
 
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        self.down.reset_parameters(std)
+        self.up.reset_parameters(std)
+
+    @torch.no_grad()
+    def init_identity(self, std: float) -> None:
+        """Logits 0: the inner map random, the outer one zero."""
+        nn.init.normal_(self.down.weight, 0.0, std)
+        self.up.weight.zero_()
+
     def forward(self, y_BTGD: torch.Tensor) -> torch.Tensor:
         return self.up(F.silu(self.down(y_BTGD)))
 
@@ -118,6 +192,15 @@ class CrossHeadGate(nn.Module):
         super().__init__()
         self.proj = nn.Linear(groups * dim, groups, bias=False)
         self.score = GateScore("sigmoid")
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        _reset_linear(self.proj, std)
+
+    @torch.no_grad()
+    def init_identity(self, std: float) -> None:
+        """Logits 0: every head scaled by sigmoid(0) = 1/2."""
+        self.proj.weight.zero_()
 
     def forward(self, y_BTGD: torch.Tensor) -> torch.Tensor:
         B, T, G, D = y_BTGD.shape
@@ -146,17 +229,53 @@ class Gate(nn.Module):
         self.h_score = GateScore(cfg.activation) if separate else None
         self.c = CrossHeadGate(groups, dim) if cfg.cross_head else None
 
-    def forward(self, y_BTGD: torch.Tensor, x_BTC: torch.Tensor) -> torch.Tensor:
-        x_logits = self.x(x_BTC) if self.x is not None else None
+    def parts(self) -> list[nn.Module]:
+        """The parameterised parts, in registration order: X-logits, H-logits, C-gate."""
+        return [p for p in (self.x, self.h, self.c) if p is not None]
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        """A fresh gate: Normal(0, std) weights, zero biases and static logits."""
+        for part in self.parts():
+            part.reset_parameters(std)
+
+    @torch.no_grad()
+    def init_identity(self, std: float) -> None:
+        """Make every score a constant: logits 0, or the logit where the activation is 1 for a
+        multiplied SiLU/identity gate with a bias. The caller undoes the constant."""
+        logit = identity_logit(self.cfg)
+        if self.x is not None:
+            self.x.init_identity(logit, std)
+        for part in (self.h, self.c):
+            if part is not None:
+                part.init_identity(std)
+
+    @property
+    def is_sigmoid_product(self) -> bool:
+        """True when the gate is ``Y * sigmoid(logits)`` with one logit tensor (no C-gate, no
+        separate H sigmoid): the form ``ops.gated_linear`` fuses with the output projection."""
+        c = self.cfg
+        return (c.activation == "sigmoid" and c.combine == "multiply" and self.c is None
+                and self.h_score is None and (self.x is not None or self.h is not None))
+
+    def logits(self, y_BTGD: torch.Tensor, x_BTC: torch.Tensor,
+               x_projected: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The X-gate logits plus the H-gate logits (additive fusion), or None if neither.
+        ``x_projected`` is ``X W`` when the caller computed it in a fused matmul."""
+        x_logits = self.x(x_BTC, x_projected) if self.x is not None else None
         h_logits = self.h(y_BTGD) if self.h is not None else None
+        if x_logits is None or h_logits is None:
+            return x_logits if h_logits is None else h_logits
+        return x_logits + h_logits
+
+    def forward(self, y_BTGD: torch.Tensor, x_BTC: torch.Tensor,
+                x_projected: torch.Tensor | None = None) -> torch.Tensor:
         out = y_BTGD
         if self.h_score is not None:  # multiplicative fusion: two separate sigmoids
-            scores = self.score(x_logits) * self.h_score(h_logits)
-        elif x_logits is not None or h_logits is not None:
-            logits = sum(t for t in (x_logits, h_logits) if t is not None)
-            scores = self.score(logits)
+            scores = self.score(self.x(x_BTC, x_projected)) * self.h_score(self.h(y_BTGD))
         else:
-            scores = None
+            logits = self.logits(y_BTGD, x_BTC, x_projected)
+            scores = self.score(logits) if logits is not None else None
         if scores is not None:
             scores = scores.to(y_BTGD.dtype)
             out = out * scores if self.cfg.combine == "multiply" else out + scores

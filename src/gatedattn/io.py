@@ -1,8 +1,10 @@
-"""Atomic file writes: a file is either the old version or the complete new one."""
+"""File input and output: atomic writes (a file is either the old version or the complete
+new one), JSON safety (one policy for non-finite numbers) and the JSON-lines reader."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -94,3 +96,33 @@ def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
         raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, ±inf), which JSON cannot hold, as null;
+    tuples become lists and keys strings. The one policy for every JSON file written."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (``metrics.jsonl``), one per line; a line that
+    does not parse (the torn last line of a crash mid-write) is dropped. A missing file
+    has none."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records

@@ -17,9 +17,6 @@ from torch import nn
 from gatedattn.attention import Attention
 from gatedattn.config import AttentionConfig
 
-_GATE_PREFIXES = ("gate.", "sink", "head_transform.")
-
-
 @dataclass(frozen=True)
 class Cost:
     """Per-part parameter counts and forward FLOPs for one sequence of ``seq_len`` tokens."""
@@ -42,8 +39,9 @@ class Cost:
         return d
 
 
-def _is_gate(name: str) -> bool:
-    return name.startswith(_GATE_PREFIXES)
+def gate_modules(layer: Attention) -> list[nn.Module]:
+    """The modules of ``layer`` that are not plain attention: its gate and head transform."""
+    return [m for m in (layer.gate, layer.head_transform) if m is not None]
 
 
 def cost(cfg: AttentionConfig, seq_len: int) -> Cost:
@@ -52,15 +50,20 @@ def cost(cfg: AttentionConfig, seq_len: int) -> Cost:
         raise ValueError(f"seq_len={seq_len} must be > 0")
     with torch.device("meta"):
         layer = Attention(cfg)
+    extra = gate_modules(layer)
+    gate_params = {id(p) for m in extra for p in m.parameters()}
+    if layer.sink is not None:
+        gate_params.add(id(layer.sink))
+    in_gate = {id(sub) for m in extra for sub in m.modules()}
     params = {"projections": 0, "attention": 0, "gate": 0}
-    for name, p in layer.named_parameters():
-        params["gate" if _is_gate(name) else "projections"] += p.numel()
+    for p in layer.parameters():
+        params["gate" if id(p) in gate_params else "projections"] += p.numel()
 
     T, H = seq_len, cfg.n_heads
     projections = sum(
         2 * m.in_features * m.out_features * T + (m.out_features * T if m.bias is not None else 0)
-        for name, m in layer.named_modules()
-        if isinstance(m, nn.Linear) and not _is_gate(name)
+        for m in layer.modules()
+        if isinstance(m, nn.Linear) and id(m) not in in_gate
     )
     pairs = T * (T + 1) // 2  # causal (query, key) pairs
     attention = 2 * H * pairs * (cfg.qk_dim + cfg.v_dim) + 3 * H * pairs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,17 @@ from gatedattn.attention import Attention
 from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.errors import ConfigError, GatedAttnError
-from gatedattn.gates import PerHeadLinear, XLogits
+from gatedattn.gates import Gate
 from gatedattn.io import atomic_save_safetensors, atomic_write_json, read_json_object
 from gatedattn.norm import RMSNorm
+from gatedattn.settings import option
 from gatedattn.variants import get_variant
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 MODEL_TYPE = "gatedattn"
+# config.json keys that describe the file, not the model
+_NOT_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")
 
 # name -> (n_layers, d_model, n_heads, n_kv_heads, ffn_dim)
 SIZE_PRESETS: dict[str, tuple[int, int, int, int, int]] = {
@@ -49,17 +52,17 @@ class ModelConfig:
     extrapolation is measured relative to it).
     """
 
-    vocab_size: int
-    n_layers: int
-    attention: AttentionConfig
-    ffn_dim: int
-    variant: str = "custom"
-    max_seq_len: int = 2048
-    tie_embeddings: bool = True
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    vocab_size: int = field(metadata={"set": False, "help": "vocabulary size (from the data)"})
+    n_layers: int = field(metadata={"help": "transformer blocks (default: the size preset's)"})
+    attention: AttentionConfig = field(metadata={"set": False, "help": "the attention of every block"})
+    ffn_dim: int = field(metadata={"help": "SwiGLU hidden width (default: the size preset's)"})
+    variant: str = option("custom", set=False, help="the attention preset the model was built from")
+    max_seq_len: int = option(2048, help="the training context (default: seq_len)")
+    tie_embeddings: bool = option(True, help="the LM head shares the token embedding matrix")
+    norm_eps: float = option(1e-6, help="epsilon of the blocks' RMSNorms")
+    init_std: float = option(0.02, help="standard deviation of the initial weights")
+    bos_token_id: int | None = option(None, set=False, help="beginning-of-sequence token (from the data)")
+    eos_token_id: int | None = option(None, set=False, help="end-of-sequence token (from the data)")
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layers", "ffn_dim", "max_seq_len"):
@@ -112,7 +115,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        data = {k: v for k, v in data.items() if k not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype")}
+        data = {k: v for k, v in data.items() if k not in _NOT_CONFIG_KEYS}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -168,16 +171,20 @@ class GatedLM(nn.Module):
         """Normal(0, init_std) for matrices and embeddings, residual-output projections
         scaled by 1/sqrt(2 n_layers); norms at one; biases, sinks and static gates at zero."""
         residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        owned: set[int] = set()  # modules inside a gate: the gate initialises them
         for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding, PerHeadLinear)):
+            if id(module) in owned:
+                continue
+            if isinstance(module, Gate):
+                module.reset_parameters(self.cfg.init_std)
+                owned.update(id(m) for m in module.modules())
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
                 std = residual_std if name.endswith(("o_proj", "down_proj")) else self.cfg.init_std
                 nn.init.normal_(module.weight, 0.0, std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
-            elif isinstance(module, XLogits) and module.static:
-                nn.init.zeros_(module.logits)
             elif isinstance(module, Attention) and module.sink is not None:
                 nn.init.zeros_(module.sink)
 
@@ -226,15 +233,23 @@ class GatedLM(nn.Module):
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` (atomically, no pickle)."""
+    def save_pretrained(self, directory: str | Path, self_contained: bool = False) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (atomically, no pickle).
+        ``self_contained`` also writes the modelling code and an ``auto_map``, so that
+        ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` works
+        where gatedattn is not installed (see ``gatedattn.hf.bundle``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = self.state_dict()
         if self.cfg.tie_embeddings:
             state.pop("lm_head.weight")
+        config = self.cfg.to_dict()
+        if self_contained:
+            from gatedattn.hf.bundle import write_code
+
+            config["auto_map"] = write_code(directory)
         atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
-        atomic_write_json(directory / CONFIG_FILE, self.cfg.to_dict())
+        atomic_write_json(directory / CONFIG_FILE, config)
         return directory
 
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,16 +60,44 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def cpu_native_bf16(flags: frozenset[str] | None = None) -> tuple[bool, str]:
-    """Whether this CPU has native bf16 matrix instructions, and the evidence."""
+def cpu_native_bf16(flags: frozenset[str] | None = None,
+                    timing: tuple[float, float] | None = None) -> tuple[bool, str]:
+    """Whether bf16 matrix products run natively (fast) on this CPU, and the evidence.
+
+    The CPU must list ``avx512_bf16`` or ``amx_bf16`` and a short timing must confirm that
+    PyTorch uses them: a bf16 product must not be slower than fp32 (with
+    ``ATEN_CPU_CAPABILITY=avx2`` or an older oneDNN ISA cap, bf16 is emulated even on such
+    a CPU). ``flags`` and ``timing`` (fp32 s, bf16 s) can be given for testing.
+    """
     flags = cpu_flags() if flags is None else flags
     native = sorted(f for f in ("avx512_bf16", "amx_bf16") if f in flags)
     capability = torch.backends.cpu.get_cpu_capability()
-    if native:
-        return True, f"CPU {capability} with {'+'.join(native)}: native bf16"
-    if flags:
+    if not flags:
+        return False, f"CPU {capability}, feature flags unknown: fp32 is the safe choice"
+    if not native:
         return False, f"CPU {capability} without avx512_bf16/amx_bf16: bf16 would be emulated (slow)"
-    return False, f"CPU {capability}, feature flags unknown: fp32 is the safe choice"
+    fp32_s, bf16_s = matmul_timing() if timing is None else timing
+    measured = f"a 256x512x512 product took {fp32_s * 1e3:.2f} ms in fp32, {bf16_s * 1e3:.2f} ms in bf16"
+    if bf16_s > fp32_s:
+        return False, f"CPU {capability} with {'+'.join(native)}, but bf16 runs emulated here ({measured})"
+    return True, f"CPU {capability} with {'+'.join(native)}: native bf16 ({measured})"
+
+
+@functools.lru_cache(maxsize=1)
+def matmul_timing(repeats: int = 3) -> tuple[float, float]:
+    """Best-of-``repeats`` seconds of one 256x512 @ 512x512 product in fp32 and in bf16."""
+    a, b = torch.randn(256, 512), torch.randn(512, 512)
+    best = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - t0)
+        best.append(min(times))
+    return best[0], best[1]
 
 
 def resolve_dtype(requested: str, device: torch.device | str = "cpu") -> Precision:

@@ -1,7 +1,7 @@
 """Measure a checkpoint: attention sinks, massive activations, gate scores, loss, extrapolation.
 
 - :func:`analyze` runs a model over validation batches with :class:`~gatedattn.analysis.probe.Probe`
-  attached and returns one JSON-serialisable dict of the DESIGN.md section 3 metrics.
+  attached and returns one JSON-serialisable dict of the docs/design.md section 4 metrics.
 - :func:`extrapolate` measures validation loss at multiples of the training context, with
   plain RoPE and with NTK / YaRN scaling, by swapping each layer's ``rotary`` module for
   one built from a scaled ``RopeConfig`` (and putting the original back afterwards).
@@ -31,7 +31,7 @@ from gatedattn.analysis.metrics import SINK_EPS, GateStats, sink_fraction, sink_
 from gatedattn.analysis.probe import Probe, attention_layers
 from gatedattn.config import RopeConfig
 from gatedattn.errors import GatedAttnError
-from gatedattn.rope import Rotary
+from gatedattn.fmt import finite_or_none, fmt_value
 
 __all__ = [
     "EXTRAPOLATION_METHODS",
@@ -135,12 +135,7 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def _num(x: float | None) -> float | None:
-    """A finite float, or None (strict JSON has no NaN / inf)."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
+_num = finite_or_none
 
 
 def _nums(xs: Iterable[float | None]) -> list[float | None]:
@@ -182,7 +177,7 @@ def analyze(
     """Run ``model`` (eval, no grad) over token batches (B, T+1) and measure it.
 
     Inputs are ``batch[:, :-1]``, targets ``batch[:, 1:]``. The model is read only through
-    hooks and the ``ProbeCore`` swap (see :mod:`gatedattn.analysis.probe`) and is restored
+    hooks and ``Attention.with_core`` (see :mod:`gatedattn.analysis.probe`) and is restored
     on return; its training mode is restored too.
 
     ``layers_for_maps``: layers whose head-averaged attention map (first sequence, first
@@ -231,25 +226,34 @@ def analyze(
     if n_tokens == 0:
         raise GatedAttnError("analyze got no batches to run")
 
-    alphas = [probe.attention[i].sink_scores() for i in range(n_layers)]
-    f_per_layer = [probe.attention[i].first_token_attention() for i in range(n_layers)]
-    acts = probe.activations
-    ratios = [a.ratio for a in acts]
-    top = max(range(n_layers), key=lambda i: acts[i].max_abs)
-    sink_masses = [probe.sink_mass(i) for i in range(n_layers)]
-    with_sink = [m for m in sink_masses if m is not None]
-    has_sink = bool(with_sink)
     val_loss = loss_sum / n_tokens
-
     result: dict[str, Any] = {
         "variant": getattr(cfg, "variant", type(model).__name__),
         "n_layers": n_layers,
-        "n_heads": int(alphas[0].numel()),
+        "n_heads": int(probe.attention[0].sink_scores().numel()),
         "seq_len": next(iter(seq_lens)) if len(seq_lens) == 1 else None,
         "n_sequences": n_sequences,
         "n_tokens": n_tokens,
         "val_loss": _num(val_loss),
         "val_ppl": _num(math.exp(val_loss) if val_loss < 700 else math.inf),
+        **_attention_results(probe, eps),
+        **_activation_results(probe),
+    }
+    result.update(_gate_results(probe))
+    result["attention_maps"] = {
+        str(i): [[round(float(p), 6) for p in row] for row in probe.maps[i]] for i in map_layers if i in probe.maps
+    }
+    return result
+
+
+def _attention_results(probe: Probe, eps: float) -> dict[str, Any]:
+    n_layers = probe.n_layers
+    alphas = [probe.attention[i].sink_scores() for i in range(n_layers)]
+    f_per_layer = [probe.attention[i].first_token_attention() for i in range(n_layers)]
+    sink_masses = [probe.sink_mass(i) for i in range(n_layers)]
+    with_sink = [m for m in sink_masses if m is not None]
+    has_sink = bool(with_sink)
+    return {
         "f_attn": _num(sum(f_per_layer) / n_layers),
         "f_attn_per_layer": _nums(f_per_layer),
         "f_attn_per_head": [_nums(a.first_token_attention_per_head().tolist()) for a in probe.attention],
@@ -259,6 +263,14 @@ def analyze(
         "sink_alpha": [_nums(a.tolist()) for a in alphas],
         "sink_mass": _num(sum(with_sink) / len(with_sink)) if has_sink else None,
         "sink_mass_per_layer": _nums(sink_masses) if has_sink else None,
+    }
+
+
+def _activation_results(probe: Probe) -> dict[str, Any]:
+    acts = probe.activations
+    ratios = [a.ratio for a in acts]
+    top = max(range(probe.n_layers), key=lambda i: acts[i].max_abs)
+    return {
         "m_act": _num(acts[top].max_abs),
         "m_act_layer": top,
         "m_act_per_layer": _nums(a.max_abs for a in acts),
@@ -267,11 +279,6 @@ def analyze(
         "m_act_median_per_layer": _nums(a.median_abs for a in acts),
         "m_act_location_per_layer": [list(a.where) if a.where is not None else None for a in acts],
     }
-    result.update(_gate_results(probe))
-    result["attention_maps"] = {
-        str(i): [[round(float(p), 6) for p in row] for row in probe.maps[i]] for i in map_layers if i in probe.maps
-    }
-    return result
 
 
 def _gate_results(probe: Probe) -> dict[str, Any]:
@@ -310,18 +317,12 @@ def rope_for_method(base: RopeConfig, method: str, factor: float, train_len: int
 
 @contextlib.contextmanager
 def scaled_rope(model: nn.Module, method: str, factor: float, train_len: int) -> Iterator[nn.Module]:
-    """Within the body, every layer's ``attn.rotary`` is a ``Rotary`` for
-    ``rope_for_method(layer rope, method, factor, train_len)``; the originals return after."""
-    blocks = attention_layers(model)
-    originals = [b.attn.rotary for b in blocks]
-    try:
-        for block, old in zip(blocks, originals, strict=True):
-            rope = rope_for_method(block.attn.cfg.rope, method, factor, train_len)
-            block.attn.rotary = Rotary(rope, old.rot_dim).to(old.inv_freq.device)
+    """Within the body, every layer rotates with ``rope_for_method(layer rope, method,
+    factor, train_len)`` (``Attention.with_rope``); the layers' own RoPE returns after."""
+    with contextlib.ExitStack() as stack:
+        for block in attention_layers(model):
+            stack.enter_context(block.attn.with_rope(rope_for_method(block.attn.cfg.rope, method, factor, train_len)))
         yield model
-    finally:
-        for block, old in zip(blocks, originals, strict=True):
-            block.attn.rotary = old
 
 
 def _windows(data: Any, seq_len: int, n_windows: int, rows: int) -> Iterator[Tensor]:
@@ -348,6 +349,33 @@ def _length_loss(model: nn.Module, batches: Iterable[Tensor], train_len: int, de
         beyond += float(tail.sum())
         n_beyond += tail.numel()
     return total / n, (beyond / n_beyond if n_beyond else None), n
+
+
+def _check_extrapolation_args(model: nn.Module, train_len: int | None, multiples: Sequence[float],
+                              methods: Sequence[str], tokens: int | None, batch_size: int) -> int:
+    """Every argument of :func:`extrapolate` checked; returns ``train_len`` resolved."""
+    blocks = attention_layers(model)
+    if train_len is None:
+        train_len = getattr(getattr(model, "cfg", None), "max_seq_len", None)
+        if train_len is None:
+            raise GatedAttnError("extrapolate needs train_len (the model config has no max_seq_len)")
+    if int(train_len) < 1:
+        raise GatedAttnError(f"train_len must be >= 1, got {train_len!r}")
+    train_len = int(train_len)
+    if not multiples:
+        raise GatedAttnError("extrapolate needs at least one multiple")
+    if not methods:
+        raise GatedAttnError("extrapolate needs at least one method")
+    for m in multiples:
+        if not m > 0:
+            raise GatedAttnError(f"multiples must be > 0, got {m!r}")
+    for method in methods:
+        rope_for_method(blocks[0].attn.cfg.rope, method, 1.0, train_len)  # validates the name
+    if batch_size < 1:
+        raise GatedAttnError(f"batch_size must be >= 1, got {batch_size!r}")
+    if tokens is not None and tokens < 1:
+        raise GatedAttnError(f"tokens must be >= 1, got {tokens!r}")
+    return train_len
 
 
 def extrapolate(
@@ -381,28 +409,8 @@ def extrapolate(
     tokens evaluated per length. :func:`extrapolation_curves` turns it into the input of
     ``plots.plot_extrapolation``.
     """
-    blocks = attention_layers(model)
     cfg = getattr(model, "cfg", None)
-    if train_len is None:
-        train_len = getattr(cfg, "max_seq_len", None)
-        if train_len is None:
-            raise GatedAttnError("extrapolate needs train_len (the model config has no max_seq_len)")
-    if int(train_len) < 1:
-        raise GatedAttnError(f"train_len must be >= 1, got {train_len!r}")
-    train_len = int(train_len)
-    if not multiples:
-        raise GatedAttnError("extrapolate needs at least one multiple")
-    if not methods:
-        raise GatedAttnError("extrapolate needs at least one method")
-    for m in multiples:
-        if not m > 0:
-            raise GatedAttnError(f"multiples must be > 0, got {m!r}")
-    for method in methods:
-        rope_for_method(blocks[0].attn.cfg.rope, method, 1.0, train_len)  # validates the name
-    if batch_size < 1:
-        raise GatedAttnError(f"batch_size must be >= 1, got {batch_size!r}")
-    if tokens is not None and tokens < 1:
-        raise GatedAttnError(f"tokens must be >= 1, got {tokens!r}")
+    train_len = _check_extrapolation_args(model, train_len, multiples, methods, tokens, batch_size)
     vocab_size = getattr(cfg, "vocab_size", None)
     device = _model_device(model)
 
@@ -461,7 +469,7 @@ def extrapolation_curves(result: dict[str, Any]) -> dict[str, dict[str, list]]:
 
 
 def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+    return fmt_value(x, spec, missing="-")
 
 
 def format_analysis(r: dict[str, Any]) -> str:

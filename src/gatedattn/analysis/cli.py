@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
+from gatedattn.device import resolve_device
 from gatedattn.errors import GatedAttnError
+from gatedattn.train.rundir import CONFIG as RUN_CONFIG
 
 CHECKPOINT_INFO = "checkpoint.json"  # gatedattn.train.checkpoint.INFO_FILE
-RUN_CONFIG = "config.json"  # gatedattn.train.rundir.CONFIG, in the run directory
 MAX_DEFAULT_SEQ_LEN = 2048  # analyze materialises B*H*T*T probabilities per layer
 
 
@@ -69,15 +70,7 @@ def _positive_int(text: str) -> int:
 
 
 def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise GatedAttnError(f"bad --device {name!r}: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise GatedAttnError(f"--device {name!r}: CUDA is not available on this machine")
-    return device
+    return resolve_device(name)
 
 
 def _recorded_data_dir(model_dir: Path) -> tuple[Path | None, list[Path]]:
@@ -211,7 +204,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "analyze",
         help="measure a checkpoint: F-Attn, attention sinks, massive activations, gate scores, val loss",
         description="Run a checkpoint over validation windows with hooks attached and report "
-                    "F-Attn, Sink^eps, M-Act, gate score statistics and validation loss (DESIGN.md section 3).",
+                    "F-Attn, Sink^eps, M-Act, gate score statistics and validation loss (docs/design.md section 4).",
     )
     _common(p)
     p.add_argument("--seq-len", type=_positive_int, default=None,

@@ -1,6 +1,6 @@
 """Pure metric functions for attention sinks, massive activations, gates and training runs.
 
-Definitions follow DESIGN.md section 3. Nothing here touches a model: callers collect tensors
+Definitions follow docs/design.md section 4. Nothing here touches a model: callers collect tensors
 through hooks and pass them in. Streaming accumulators (``AttentionStats``, ``GateStats``) keep
 float64 sums and integer counts, so many small updates give the same result as one big batch.
 """
@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from torch import Tensor
+
+from gatedattn.train.divergence import DIVERGE_FACTOR, first_divergence
 
 __all__ = [
     "AttentionStats",
@@ -36,7 +38,7 @@ __all__ = [
 ]
 
 SINK_EPS = 0.3  # Gu et al. (ICLR 2025): a head is a sink head when alpha > 0.3
-GATE_THRESHOLDS = (0.01, 0.001)  # DESIGN.md section 3: fraction of gate scores below these
+GATE_THRESHOLDS = (0.01, 0.001)  # docs/design.md section 4: fraction of gate scores below these
 
 
 # --------------------------------------------------------------------------- attention
@@ -329,21 +331,13 @@ def loss_spikes(
     return [int(steps[i]) for i in idx] if steps is not None else idx
 
 
-def diverged(losses: Sequence[float], margin: float = 0.5, relative: bool = True, tail: int = 10) -> bool:
-    """Whether a training run diverged.
-
-    True when any loss is non-finite, or when the final loss (median of the last ``tail``
-    values, so one late spike is not enough) exceeds the run's minimum loss by the margin:
-    ``final > min * (1 + margin)`` when ``relative`` (default: 50 % above), else
-    ``final > min + margin``.
-    """
-    x = _as_float_array(losses)
-    if len(x) == 0:
+def diverged(losses: Sequence[float], diverge_factor: float = DIVERGE_FACTOR) -> bool:
+    """Whether a recorded loss curve diverged, by the trainer's rule
+    (:mod:`gatedattn.train.divergence`): a non-finite loss, or a loss above
+    ``diverge_factor`` times the first finite loss."""
+    if len(losses) == 0:
         raise ValueError("diverged needs at least one loss value")
-    if not np.isfinite(x).all():
-        return True
-    final = float(np.median(x[-max(tail, 1) :]))
-    return bool(final > _threshold(float(x.min()), margin, relative))
+    return first_divergence(losses, diverge_factor) is not None
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

@@ -2,8 +2,8 @@
 
 Two layers of API:
 
-- :func:`hooked` is a context manager that swaps every layer's attention core for a
-  :class:`~gatedattn.core.ProbeCore` and registers forward hooks that hand tensors to
+- :func:`hooked` is a context manager that runs every layer with a :class:`ProbeCore`
+  (through ``Attention.with_core``) and registers forward hooks that hand tensors to
   callbacks: ``on_probs(layer, probs)`` with the attention probabilities (B, H, Tq, Tk) of
   one layer, ``on_hidden(layer, h)`` with the residual stream after the layer (B, T, C),
   ``on_gate(layer, name, scores)`` with the output of every ``GateScore`` of the layer's
@@ -13,9 +13,9 @@ Two layers of API:
 - :class:`Probe` is the accumulator ``analyze`` uses: it feeds those tensors to the
   streaming metrics of :mod:`gatedattn.analysis.metrics` and keeps only per-layer sums.
 
-Nothing here edits model code or parameters. On exit (also after an error) the hooks are
-removed and the original core objects put back, so the model's outputs are those of
-before. Inside the context the probabilities come from the reference core (float32
+Nothing here edits model code or parameters, or assigns attributes of a layer. On exit
+(also after an error) the hooks are removed and each layer's own core is back, so the
+model's outputs are those of before. Inside the context the probabilities come from the reference core (float32
 softmax), so logits may differ from the fast kernel's in the last bits.
 """
 
@@ -32,11 +32,26 @@ from torch import Tensor, nn
 
 from gatedattn.analysis.metrics import AttentionStats, GateStats, massive_activation
 from gatedattn.attention import Attention
-from gatedattn.core import ProbeCore
 from gatedattn.errors import GatedAttnError
 from gatedattn.gates import GateScore
+from gatedattn.ops.reference import attention_probs_reference
 
-__all__ = ["LayerActivations", "Probe", "attention_layers", "hooked"]
+__all__ = ["LayerActivations", "Probe", "ProbeCore", "attention_layers", "hooked"]
+
+
+class ProbeCore(nn.Module):
+    """An attention core for analysis: the reference core, with its probabilities
+    (B, H, Tq, Tk) passed through ``self.probs`` (an identity module) so that a forward
+    hook can read them. Use it with ``Attention.with_core``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probs = nn.Identity()
+
+    def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None):
+        probs = self.probs(attention_probs_reference(q, k, sink, q_offset=q_offset, scale=scale))
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        return (probs @ v.float()).to(q.dtype)
 
 ProbsCallback = Callable[[int, Tensor], None]
 HiddenCallback = Callable[[int, Tensor], None]
@@ -64,35 +79,34 @@ def hooked(
 ) -> Iterator[nn.Module]:
     """Run the body with analysis hooks on ``model``; see the module docstring.
 
-    The attention cores are swapped only when ``on_probs`` is given. Yields the model.
+    Layers run with a ``ProbeCore`` only when ``on_probs`` is given. Yields the model.
     """
     blocks = attention_layers(model)
     handles: list[torch.utils.hooks.RemovableHandle] = []
-    swapped: list[tuple[Attention, nn.Module]] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: [h.remove() for h in handles])
         for i, block in enumerate(blocks):
             attn: Attention = block.attn
             if on_probs is not None:
-                probe = ProbeCore()
-                swapped.append((attn, attn.core))
-                attn.core = probe
+                probe = stack.enter_context(attn.with_core(ProbeCore()))
                 handles.append(probe.probs.register_forward_hook(_probs_hook(i, on_probs)))
             if on_hidden is not None:
                 handles.append(block.register_forward_hook(_hidden_hook(i, on_hidden)))
             if on_gate is not None and attn.gate is not None:
-                # A score's shape may broadcast over tokens (a static gate is (1, 1, G, W));
-                # the layer input gives (B, T) so every token's score counts once.
-                shape: dict[str, tuple[int, int]] = {}
-                handles.append(attn.register_forward_pre_hook(_shape_pre_hook(shape), with_kwargs=True))
-                for name, module in attn.gate.named_modules():
-                    if isinstance(module, GateScore):
-                        handles.append(module.register_forward_hook(_gate_hook(i, name, shape, on_gate)))
+                handles += _gate_hooks(block, i, on_gate)
         yield model
-    finally:
-        for handle in handles:
-            handle.remove()
-        for attn, core in swapped:
-            attn.core = core
+
+
+def _gate_hooks(block: nn.Module, layer: int, on_gate: GateCallback) -> list[torch.utils.hooks.RemovableHandle]:
+    """Hooks on every ``GateScore`` of the block's gate. A score's shape may broadcast over
+    tokens (a static gate is (1, 1, G, W)); the attention input (the pre-norm's output)
+    gives (B, T) so that every token's score counts once."""
+    shape: dict[str, tuple[int, int]] = {}
+    handles = [block.attn_norm.register_forward_hook(_shape_hook(shape))]
+    for name, module in block.attn.gate.named_modules():
+        if isinstance(module, GateScore):
+            handles.append(module.register_forward_hook(_gate_hook(layer, name, shape, on_gate)))
+    return handles
 
 
 def _probs_hook(layer: int, fn: ProbsCallback):
@@ -109,10 +123,9 @@ def _hidden_hook(layer: int, fn: HiddenCallback):
     return hook
 
 
-def _shape_pre_hook(shape: dict[str, tuple[int, int]]):
-    def hook(module, args, kwargs):
-        x = args[0] if args else kwargs["x"]
-        shape["BT"] = (x.shape[0], x.shape[1])
+def _shape_hook(shape: dict[str, tuple[int, int]]):
+    def hook(module, inputs, output):
+        shape["BT"] = (output.shape[0], output.shape[1])
 
     return hook
 

@@ -82,11 +82,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "prepare", help="tokenize text into train.bin / val.bin",
         description="Read text, split it by document into train/val, train a byte-level BPE tokenizer on "
                     "train (or use --tokenizer), and write train.bin, val.bin, tokenizer.json and "
-                    "manifest.json into --out. With no --input, the default corpus is used.",
+                    "manifest.json into --out. With no --input, the default corpus is used. Inputs are "
+                    "streamed (memory stays flat on files larger than RAM); progress bars show bytes and "
+                    "documents.",
     )
     p.add_argument("--input", action="append", metavar="PATH",
-                   help="a directory of .txt/.md files (one document per file), a .txt/.md file, "
-                        "or a .jsonl file (one document per line); repeatable")
+                   help="a .txt/.md file (one document), a directory of .txt/.md files (one document per "
+                        "file), a .jsonl file (one document per line), a .parquet file (one document per row), "
+                        "or a directory of .parquet/.jsonl files (e.g. a downloaded dataset); read streaming, "
+                        "so inputs larger than memory work; repeatable")
     p.add_argument("--default", action="store_true",
                    help="also use the default corpus (used anyway when no --input is given)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -96,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the train/val split (default 0)")
     p.add_argument("--tokenizer", metavar="tokenizer.json",
                    help="use this tokenizer instead of training one (needs BOS and EOS tokens)")
-    p.add_argument("--text-field", default="text", metavar="F", help="text field of .jsonl records (default text)")
+    p.add_argument("--text-field", default="text", metavar="F", help="text field of .jsonl records / text column of .parquet files (default text)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_prepare)

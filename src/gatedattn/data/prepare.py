@@ -13,11 +13,20 @@ after every document, and writes::
 Everything is written into a temporary directory beside ``out_dir`` and renamed into
 place at the end, so a failure leaves no partial output.
 
+``prepare`` streams: it reads the inputs three times (count and hash the documents;
+train the tokenizer; encode) and never holds the corpus in memory. It keeps 8 bytes per
+document (the first 8 bytes of the hash below), the ids of the validation documents,
+and one bucket of encoded documents at a time: encoded documents go to bucket files by
+hash range, and each bucket is sorted and appended to its stream (an external sort), so
+memory stays flat however large the input.
+
 The split is stratified by source (each input path, each default-corpus package): a
 document goes to val when it is among the ``round(val_fraction * n)`` documents of its
 source (at least one, never all) with the smallest ``sha256(seed, document id)``. It
 thus depends on the seed and the document ids only, not on NumPy versions or on the
-reading order. The same hash orders the documents inside each stream.
+reading order. The same hash orders the documents inside each stream. (Streaming
+compares the hashes' first 64 bits; two different ids sharing them, odds about
+n^2 / 2^65 for n documents, are reported as a repeated document.)
 """
 
 from __future__ import annotations
@@ -28,13 +37,15 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from gatedattn.data.corpus import Corpus, Document, load_corpus
+from gatedattn.data.corpus import Document, Source, input_sources
 from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo
 from gatedattn.io import replace_dir
 from gatedattn.errors import GatedAttnError
@@ -50,6 +61,8 @@ PAD_NAMES = (PAD_TOKEN, "<pad>", "[PAD]")
 TOKENIZER_FILE = "tokenizer.json"
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
 _ENCODE_CHUNK_CHARS = 4 << 20
+_BUCKET_BYTES = 64 << 20  # text bytes per bucket of the external sort
+_MAX_BUCKETS = 256  # open files per split
 
 __all__ = [
     "BOS_TOKEN", "EOS_TOKEN", "PAD_TOKEN", "SPECIAL_TOKENS",
@@ -69,6 +82,14 @@ def _doc_key(seed: int, doc_id: str) -> bytes:
     return hashlib.sha256(f"{seed}\0{doc_id}".encode("utf-8")).digest()
 
 
+def _check_enough(n: int) -> None:
+    if n < 2:
+        raise GatedAttnError(
+            f"found {n} document; the train/validation split is by document and needs "
+            "at least 2: give a directory of files, several files, or a .jsonl with one document per line"
+        )
+
+
 def split_documents(
     documents: Sequence[Document], *, val_fraction: float, seed: int
 ) -> tuple[list[Document], list[Document]]:
@@ -78,11 +99,7 @@ def split_documents(
     go to val. If that gives none (every source has one document), one document of the
     whole corpus goes to val. Fewer than two documents is an error.
     """
-    if len(documents) < 2:
-        raise GatedAttnError(
-            f"found {len(documents)} document; the train/validation split is by document and needs "
-            "at least 2: give a directory of files, several files, or a .jsonl with one document per line"
-        )
+    _check_enough(len(documents))
     ranked = sorted(documents, key=lambda d: _doc_key(seed, d.id))
     by_source: dict[str, list[Document]] = {}
     for doc in ranked:
@@ -101,11 +118,84 @@ def split_documents(
     return train, val
 
 
+def _key64(seed: int, doc_id: str) -> int:
+    """The first 64 bits of ``_doc_key``, as an integer that sorts the same way."""
+    return int.from_bytes(_doc_key(seed, doc_id)[:8], "big")
+
+
+@dataclass
+class _Scan:
+    """What the first pass learnt about one source."""
+
+    source: Source
+    keys: np.ndarray  # uint64 hash prefixes of the non-empty documents, sorted
+    nbytes: int
+    skipped: int
+    val_threshold: int = -1  # a document goes to val iff its key <= this
+
+    def is_val(self, key: int) -> bool:
+        return key <= self.val_threshold
+
+
+def _scan(sources: Sequence[Source], seed: int, progress: bool) -> list[_Scan]:
+    """Pass 1: hash every document, count bytes and empty documents, per source."""
+    sizes = [s.size for s in sources]
+    total = sum(sizes) if all(x is not None for x in sizes) else None
+    scans = []
+    docs = 0
+    with tqdm(total=total, desc="read", unit="B", unit_scale=True, file=sys.stderr, disable=not progress) as bar:
+        for source in sources:
+            keys, nbytes, skipped = array("Q"), 0, 0
+            for doc in source.documents(bar.update):
+                if not doc.text.strip():
+                    skipped += 1
+                    continue
+                keys.append(_key64(seed, doc.id))
+                nbytes += len(doc.text.encode("utf-8"))
+                docs += 1
+                if docs % 1000 == 0:
+                    bar.set_postfix_str(f"{docs:,} documents", refresh=False)
+            if not keys:
+                raise GatedAttnError(source.empty)
+            scans.append(_Scan(source, np.sort(np.frombuffer(keys, dtype=np.uint64)), nbytes, skipped))
+        bar.set_postfix_str(f"{docs:,} documents")
+    return scans
+
+
+def _plan_split(scans: list[_Scan], val_fraction: float) -> None:
+    """Set each source's val threshold exactly as ``split_documents`` chooses."""
+    n_all = sum(len(s.keys) for s in scans)
+    _check_enough(n_all)
+    every = np.concatenate([s.keys for s in scans])
+    if len(np.unique(every)) != n_all:
+        raise GatedAttnError("a document appears twice (an input given twice, such as a file and a directory "
+                             "holding it); give each input once")
+    for scan in scans:
+        n = len(scan.keys)
+        if n >= 2:
+            k = min(n - 1, max(1, round(val_fraction * n)))
+            scan.val_threshold = int(scan.keys[k - 1])
+    if all(s.val_threshold < 0 for s in scans):  # every source has one document: the first of all goes to val
+        first = min(scans, key=lambda s: int(s.keys[0]))
+        first.val_threshold = int(first.keys[0])
+
+
+def _documents(scans: Sequence[_Scan], seed: int, on_bytes=None) -> Iterator[tuple[Document, int, bool]]:
+    """(document, key, is_val) for every non-empty document, in reading order."""
+    for scan in scans:
+        for doc in scan.source.documents(on_bytes or (lambda n: None)):
+            if doc.text.strip():
+                key = _key64(seed, doc.id)
+                yield doc, key, scan.is_val(key)
+
+
 # --------------------------------------------------------------------------- tokenizer
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int, *, progress: bool = False):
-    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts``.
+def train_tokenizer(texts: Iterable[str], vocab_size: int, *, length: int | None = None, progress: bool = False):
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` (any iterable;
+    ``length``, its number of texts, only feeds the progress bar). The result does not
+    depend on the order of the texts.
 
     Special tokens ``<|bos|>``, ``<|eos|>``, ``<|pad|>`` get ids 0, 1, 2. Any byte string
     encodes (256-byte initial alphabet) and decodes back exactly. The vocabulary may come
@@ -123,7 +213,9 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int, *, progress: bool = F
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=progress,
     )
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    if length is None and isinstance(texts, Sequence):
+        length = len(texts)
+    tok.train_from_iterator(texts, trainer=trainer, length=length)
     return tok
 
 
@@ -158,42 +250,96 @@ def load_tokenizer(path: str | os.PathLike):
 # --------------------------------------------------------------------------- encoding
 
 
-def _chunks(docs: Sequence[Document], max_chars: int) -> Iterable[list[Document]]:
-    chunk: list[Document] = []
-    size = 0
-    for doc in docs:
-        chunk.append(doc)
-        size += len(doc.text)
-        if size >= max_chars:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
+class _Buckets:
+    """Encoded documents of one split, spread over bucket files by hash range; ``write``
+    appends one document, ``merge`` writes the split's stream in hash order."""
+
+    def __init__(self, directory: Path, name: str, n_buckets: int, dtype: np.dtype):
+        self.paths = [directory / f".{name}.{i}.part" for i in range(n_buckets)]
+        self.files = [open(p, "wb") for p in self.paths]
+        self.n, self.dtype, self.documents = n_buckets, dtype, 0
+
+    def write(self, key: int, ids: np.ndarray) -> None:
+        f = self.files[(key * self.n) >> 64]
+        f.write(np.array([key, ids.size], dtype=np.uint64).tobytes())
+        f.write(ids.astype(self.dtype).tobytes())
+        self.documents += 1
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def merge(self, path: Path) -> SplitInfo:
+        """Each bucket sorted by key, appended to ``path``; bucket files removed."""
+        self.close()
+        h = hashlib.sha256()
+        n_tokens = 0
+        itemsize = self.dtype.itemsize
+        with open(path, "wb") as out:
+            for bucket in self.paths:
+                data = bucket.read_bytes()
+                records, offset = [], 0
+                while offset < len(data):
+                    key, n = np.frombuffer(data, dtype=np.uint64, count=2, offset=offset).tolist()
+                    start = offset + 16
+                    offset = start + n * itemsize
+                    records.append((key, start, offset))
+                for _, start, stop in sorted(records):
+                    chunk = data[start:stop]
+                    out.write(chunk)
+                    h.update(chunk)
+                    n_tokens += (stop - start) // itemsize
+                bucket.unlink()
+        return SplitInfo(file=path.name, tokens=n_tokens, documents=self.documents, sha256=h.hexdigest())
+
+    def discard(self) -> None:
+        self.close()
+        for p in self.paths:
+            p.unlink(missing_ok=True)
 
 
-def _encode_split(tok, docs: Sequence[Document], eos_id: int, dtype: np.dtype, path: Path,
-                  desc: str, progress: bool) -> SplitInfo:
-    """Encode ``docs`` (EOS after each) into ``path``; return its SplitInfo."""
-    h = hashlib.sha256()
-    n_tokens = 0
-    total = sum(len(d.text.encode("utf-8")) for d in docs)
-    with open(path, "wb") as f, tqdm(total=total, desc=desc, unit="B", unit_scale=True,
-                                     file=sys.stderr, disable=not progress, leave=True) as bar:
-        for chunk in _chunks(docs, _ENCODE_CHUNK_CHARS):
-            encodings = tok.encode_batch([d.text for d in chunk], add_special_tokens=False)
-            ids: list[int] = []
-            for enc in encodings:
-                ids.extend(enc.ids)
-                ids.append(eos_id)
-            arr = np.asarray(ids, dtype=np.int64)
-            if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(dtype).max):
-                raise GatedAttnError(f"token id {int(arr.max())} does not fit {dtype.name}")
-            data = arr.astype(dtype).tobytes()
-            f.write(data)
-            h.update(data)
-            n_tokens += arr.size
-            bar.update(sum(len(d.text.encode("utf-8")) for d in chunk))
-    return SplitInfo(file=path.name, tokens=n_tokens, documents=len(docs), sha256=h.hexdigest())
+def _encode_documents(tok, scans: Sequence[_Scan], seed: int, eos_id: int, dtype: np.dtype, directory: Path,
+                      progress: bool) -> tuple[SplitInfo, SplitInfo, list[str]]:
+    """Pass 3: encode every document (EOS after each) into ``train.bin`` / ``val.bin``,
+    each in hash order; return both SplitInfos and the val ids in stream order."""
+    text_bytes = sum(s.nbytes for s in scans)
+    n_buckets = min(_MAX_BUCKETS, max(1, -(-text_bytes // _BUCKET_BYTES)))
+    splits = {False: _Buckets(directory, "train", n_buckets, dtype), True: _Buckets(directory, "val", n_buckets, dtype)}
+    val_ids: list[tuple[int, str]] = []
+    limit = np.iinfo(dtype).max
+
+    def flush(batch: list[tuple[Document, int, bool]], bar) -> None:
+        encodings = tok.encode_batch([d.text for d, _, _ in batch], add_special_tokens=False)
+        for (doc, key, is_val), enc in zip(batch, encodings):
+            ids = np.fromiter((*enc.ids, eos_id), dtype=np.int64, count=len(enc.ids) + 1)
+            if ids.min() < 0 or ids.max() > limit:
+                raise GatedAttnError(f"token id {int(ids.max())} does not fit {dtype.name}")
+            splits[is_val].write(key, ids)
+            if is_val:
+                val_ids.append((key, doc.id))
+        bar.update(sum(len(d.text.encode("utf-8")) for d, _, _ in batch))
+        bar.set_postfix_str(f"{splits[False].documents + splits[True].documents:,} documents", refresh=False)
+
+    try:
+        with tqdm(total=text_bytes, desc="encode", unit="B", unit_scale=True, file=sys.stderr,
+                  disable=not progress) as bar:
+            batch: list[tuple[Document, int, bool]] = []
+            chars = 0
+            for item in _documents(scans, seed):
+                batch.append(item)
+                chars += len(item[0].text)
+                if chars >= _ENCODE_CHUNK_CHARS:
+                    flush(batch, bar)
+                    batch, chars = [], 0
+            if batch:
+                flush(batch, bar)
+        train = splits[False].merge(directory / "train.bin")
+        val = splits[True].merge(directory / "val.bin")
+    except BaseException:
+        for buckets in splits.values():
+            buckets.discard()
+        raise
+    return train, val, [doc_id for _, doc_id in sorted(val_ids)]
 
 
 # --------------------------------------------------------------------------- output directory
@@ -246,11 +392,16 @@ def prepare(
     user_tok = load_tokenizer(tokenizer) if tokenizer is not None else None
 
     t0 = time.perf_counter()
-    corpus: Corpus = load_corpus(inputs, default=default_corpus, text_field=text_field)
-    _log(progress, f"read {len(corpus.documents):,} documents ({corpus.bytes / 1e6:.1f} MB) "
-                   f"from {corpus.description()} in {time.perf_counter() - t0:.1f}s")
-    train_docs, val_docs = split_documents(corpus.documents, val_fraction=val_fraction, seed=seed)
-    _log(progress, f"split: {len(train_docs):,} train / {len(val_docs):,} val documents (seed {seed})")
+    sources = input_sources(inputs, default=default_corpus, text_field=text_field)
+    scans = _scan(sources, seed, progress)
+    n_docs, n_bytes = sum(len(s.keys) for s in scans), sum(s.nbytes for s in scans)
+    description = ", ".join(
+        f"{s.name} ({s.package} {s.version})" if s.kind == "package" else s.location for s in sources)
+    _log(progress, f"read {n_docs:,} documents ({n_bytes / 1e6:.1f} MB) from {description} "
+                   f"in {time.perf_counter() - t0:.1f}s")
+    _plan_split(scans, val_fraction)
+    n_val = sum(int((s.keys <= np.uint64(s.val_threshold)).sum()) if s.val_threshold >= 0 else 0 for s in scans)
+    _log(progress, f"split: {n_docs - n_val:,} train / {n_val:,} val documents (seed {seed})")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -261,11 +412,16 @@ def prepare(
         if user_tok is None:
             t0 = time.perf_counter()
             _log(progress, f"training byte-level BPE (vocab {vocab_size}) on the train split")
-            tok = train_tokenizer([d.text for d in train_docs], vocab_size,
-                                  progress=progress and sys.stderr.isatty())
+            texts = (doc.text for doc, _, is_val in _documents(scans, seed) if not is_val)
+            tok = train_tokenizer(texts, vocab_size, length=n_docs - n_val, progress=progress and sys.stderr.isatty())
             tok.save(str(tmp / TOKENIZER_FILE))
             origin = "trained"
-            _log(progress, f"trained tokenizer: {tok.get_vocab_size()} tokens in {time.perf_counter() - t0:.1f}s")
+            got = tok.get_vocab_size()
+            _log(progress, f"trained tokenizer: {got} tokens in {time.perf_counter() - t0:.1f}s")
+            if got < vocab_size:
+                print(f"warning: the trained vocabulary has {got} tokens, fewer than the {vocab_size} asked "
+                      f"(--vocab-size): the train split is too small for more merges; the manifest records "
+                      f"{got}", file=sys.stderr, flush=True)
         else:
             tok = user_tok
             shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
@@ -278,8 +434,7 @@ def prepare(
         # Text that spells a special token ("<|eos|>") is encoded as ordinary text, so the
         # only special ids in a stream are the EOS separators written here.
         tok.encode_special_tokens = True
-        train_info = _encode_split(tok, train_docs, eos_id, dtype, tmp / "train.bin", "encode train", progress)
-        val_info = _encode_split(tok, val_docs, eos_id, dtype, tmp / "val.bin", "encode val", progress)
+        train_info, val_info, val_ids = _encode_documents(tok, scans, seed, eos_id, dtype, tmp, progress)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             dtype=dtype.name,
@@ -291,15 +446,14 @@ def prepare(
             eos_token=eos_token,
             tokenizer_file=TOKENIZER_FILE,
             tokenizer_origin=origin,
-            source=("default corpus: " if corpus.sources and all(s.kind == "package" for s in corpus.sources)
-                    else "") + corpus.description(),
-            sources=[s.to_dict() for s in corpus.sources],
+            source=("default corpus: " if all(s.kind == "package" for s in sources) else "") + description,
+            sources=[s.source.info(len(s.keys), s.nbytes).to_dict() for s in scans],
             seed=seed,
             val_fraction=val_fraction,
             train=train_info,
             val=val_info,
-            val_document_ids=[d.id for d in val_docs],
-            skipped_empty_documents=corpus.skipped_empty,
+            val_document_ids=val_ids,
+            skipped_empty_documents=sum(s.skipped for s in scans),
         )
         manifest.save(tmp / MANIFEST_FILE)
         _move_into_place(tmp, out, overwrite)

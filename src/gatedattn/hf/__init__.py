@@ -4,8 +4,12 @@
   ``*ForCausalLM`` directory or an official gated-attention (Qwen3) checkpoint;
 * ``attention_from_qwen3_next(layer, config)`` / ``attention_from_gpt_oss(layer, config)``
   -- one transformers attention layer as an equivalent ``gatedattn.Attention``;
-* ``export_hf(model, dir)`` -- a ``baseline`` model as a stock Qwen3 / Llama / Qwen2
-  directory;
+* ``export_hf(model, dir, layout=None)`` -- a ``baseline`` model as a stock Qwen3 /
+  Llama / Qwen2 directory, a ``gated`` one as a stock Qwen3-Next directory, or
+  (``layout="official"``) ``gated`` / ``gated-headwise`` in the paper's layout;
+* ``write_code(dir)`` -- the modelling code beside a gatedattn checkpoint (what
+  ``GatedLM.save_pretrained(dir, self_contained=True)`` calls), for
+  ``trust_remote_code=True`` loading where gatedattn is not installed;
 * ``register_auto()`` -- make ``AutoConfig`` / ``AutoModelForCausalLM`` load
   directories written by ``GatedLM.save_pretrained`` (``model_type: gatedattn``);
 * ``add_gates(model, variant, init="identity")`` -- retrofit a gate into a loaded model.
@@ -25,11 +29,13 @@ _EXPORTS = {
     "IMPORTERS": "gatedattn.hf.load",
     "export_hf": "gatedattn.hf.export",
     "hf_config_for": "gatedattn.hf.export",
+    "LAYOUTS": "gatedattn.hf.export",
+    "write_code": "gatedattn.hf.bundle",
     "attention_from_qwen3_next": "gatedattn.hf.layers",
     "attention_from_gpt_oss": "gatedattn.hf.layers",
     "add_gates": "gatedattn.hf.retrofit",
     "register_auto": "gatedattn.hf.auto",
-    "GatedAttnHFConfig": "gatedattn.hf.auto",
+    "GatedAttnHFConfig": "gatedattn.hf.configuration",
     "GatedAttnForCausalLM": "gatedattn.hf.auto",
 }
 

@@ -18,18 +18,20 @@ This module imports transformers (seconds); ``gatedattn.hf`` imports it on first
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from gatedattn.errors import GatedAttnError
-from gatedattn.model import MODEL_TYPE, GatedLM, ModelConfig
+from gatedattn.hf.configuration import GatedAttnHFConfig
+from gatedattn.model import MODEL_TYPE, GatedLM
+
+__all__ = ["GatedAttnForCausalLM", "GatedAttnHFConfig", "register_auto"]
 
 # from_pretrained arguments that do not change what a local gatedattn directory loads as
 _IGNORED_LOAD_ARGS = frozenset({
@@ -37,35 +39,6 @@ _IGNORED_LOAD_ARGS = frozenset({
     "low_cpu_mem_usage", "use_safetensors", "local_files_only", "cache_dir", "revision", "token",
     "force_download", "proxies", "code_revision", "adapter_kwargs",
 })
-
-
-class GatedAttnHFConfig(PreTrainedConfig):
-    """``ModelConfig`` as a transformers config; ``attention`` is the AttentionConfig dict."""
-
-    model_type = MODEL_TYPE
-    attribute_map = {"num_hidden_layers": "n_layers"}
-
-    vocab_size: int | None = None
-    n_layers: int | None = None
-    attention: dict | None = None
-    ffn_dim: int | None = None
-    variant: str = "custom"
-    max_seq_len: int = 2048
-    tie_embeddings: bool = True
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
-
-    @classmethod
-    def from_model_config(cls, cfg: ModelConfig) -> "GatedAttnHFConfig":
-        data = dataclasses.asdict(cfg)
-        return cls(**data, architectures=["GatedLM"])
-
-    def to_model_config(self) -> ModelConfig:
-        names = [f.name for f in dataclasses.fields(ModelConfig)]
-        return ModelConfig.from_dict({name: getattr(self, name) for name in names})
 
 
 class _LayerCache:
@@ -80,6 +53,11 @@ class _LayerCache:
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cache.update(k, v, self.layer_idx)
+
+    def update_latent(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """MLA: latent (B, T, r) and shared RoPE key (B, T, 1, d) stored as one-head keys and values."""
+        latent_all, k_rope_all = self.cache.update(latent[:, None], k_rope.transpose(1, 2), self.layer_idx)
+        return latent_all[:, 0], k_rope_all.transpose(1, 2)
 
 
 class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):

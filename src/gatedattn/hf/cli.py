@@ -2,7 +2,8 @@
 
 ``generate`` samples text from any importable model directory with the KV cache;
 ``convert`` imports a directory (any supported format), optionally retrofits a gate,
-and writes gatedattn's format or a stock transformers checkpoint, atomically.
+and writes gatedattn's format (optionally with its modelling code) or a transformers
+checkpoint (stock, Qwen3-Next or the paper's official layout), atomically.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from pathlib import Path
 
 import torch
 
+from gatedattn.device import resolve_device
 from gatedattn.errors import GatedAttnError
 from gatedattn.io import replace_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+# --format -> export layout (gatedattn.hf.export.LAYOUTS); None: pick by the model
+EXPORT_LAYOUTS = {"hf": None, "qwen3-next": "qwen3-next", "official": "official"}
+FORMATS = ("gatedattn", *EXPORT_LAYOUTS)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -35,13 +40,7 @@ def _load_tokenizer(path: Path):
 
 
 def _device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise GatedAttnError(f"--device {name!r} is not a device ({e})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise GatedAttnError("--device cuda: no CUDA device is available")
-    return device
+    return resolve_device(name)
 
 
 def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
@@ -89,16 +88,24 @@ def _is_nonempty(path: Path) -> bool:
 
 
 def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, init: str = "identity",
-            fmt: str = "gatedattn", force: bool = False, dtype: str = "float32", seed: int = 0) -> Path:
+            fmt: str = "gatedattn", force: bool = False, dtype: str = "float32", seed: int = 0,
+            self_contained: bool = False) -> Path:
     """Import ``src``, optionally add the gate of ``variant``, write ``dst`` atomically
-    (a temporary directory beside it, renamed into place). Tokenizer files are copied."""
+    (a temporary directory beside it, renamed into place). Tokenizer files are copied.
+
+    ``fmt``: ``gatedattn`` (any variant; with ``self_contained`` the modelling code is
+    written beside the weights), ``hf`` (stock Qwen3/Llama/Qwen2 for a gate-free model,
+    Qwen3-Next for a ``gated`` one), ``qwen3-next`` or ``official`` (the paper's layout)."""
     from gatedattn.hf.export import export_hf, hf_config_for
     from gatedattn.hf.load import load_model
     from gatedattn.hf.retrofit import add_gates
 
     src, dst = Path(src), Path(dst)
-    if fmt not in ("gatedattn", "hf"):
-        raise GatedAttnError(f"--format {fmt!r} is not allowed; choose gatedattn or hf")
+    if fmt not in FORMATS:
+        raise GatedAttnError(f"--format {fmt!r} is not allowed; choose one of {', '.join(FORMATS)}")
+    if self_contained and fmt != "gatedattn":
+        raise GatedAttnError(f"--self-contained applies to --format gatedattn only ({fmt} checkpoints run on "
+                             f"transformers' own code)")
     if dtype not in DTYPES:
         raise GatedAttnError(f"--dtype {dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
     if dst.exists() and src.exists() and dst.resolve() == src.resolve():
@@ -112,16 +119,17 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
         torch.manual_seed(seed)
         add_gates(model, variant, init)
     model = model.to(DTYPES[dtype])
-    if fmt == "hf":
-        hf_config_for(model.cfg)  # refuses (before writing anything) a model stock transformers cannot express
+    layout = EXPORT_LAYOUTS.get(fmt)
+    if fmt != "gatedattn":
+        hf_config_for(model.cfg, layout)  # refuses (before writing anything) what the layout cannot express
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp"))
     try:
-        if fmt == "hf":
-            export_hf(model, tmp)
+        if fmt != "gatedattn":
+            export_hf(model, tmp, layout)
         else:
-            model.save_pretrained(tmp)
-        extra = TOKENIZER_FILES + (("generation_config.json",) if fmt == "hf" else ())
+            model.save_pretrained(tmp, self_contained=self_contained)
+        extra = TOKENIZER_FILES + (("generation_config.json",) if fmt != "gatedattn" else ())
         for name in extra:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
@@ -136,8 +144,9 @@ def _convert(args: argparse.Namespace) -> int:
     if args.init is not None and args.variant is None:
         raise GatedAttnError("--init needs --variant (it initialises the added gate)")
     dst = convert(args.from_dir, args.to, variant=args.variant, init=args.init or "identity", fmt=args.format,
-                  force=args.force, dtype=args.dtype, seed=args.seed)
-    print(f"wrote {dst} ({args.format} format)")
+                  force=args.force, dtype=args.dtype, seed=args.seed, self_contained=args.self_contained)
+    extra = ", with its modelling code" if args.self_contained else ""
+    print(f"wrote {dst} ({args.format} format{extra})")
     return 0
 
 
@@ -159,14 +168,22 @@ def register(sub) -> None:
     c = sub.add_parser("convert", help="import a model directory, optionally add a gate, save it (atomically)",
                        description="Import --from (gatedattn, Qwen3, Llama, Qwen2 or official gated-attention "
                                    "checkpoint), optionally retrofit the gate of --variant, and write --to in "
-                                   "gatedattn format or as a stock transformers checkpoint (--format hf).")
+                                   "gatedattn format (--self-contained adds the modelling code, loadable with "
+                                   "trust_remote_code=True without gatedattn installed) or as a transformers "
+                                   "checkpoint: --format hf (stock Qwen3/Llama/Qwen2 for a gate-free model, "
+                                   "Qwen3-Next for a 'gated' one), qwen3-next, or official (the paper's gated "
+                                   "Qwen3 layout).")
     c.add_argument("--from", dest="from_dir", required=True, metavar="DIR")
     c.add_argument("--to", required=True, metavar="DIR")
     c.add_argument("--variant", default=None, metavar="NAME", help="retrofit this gate preset (see `gatedattn variants`)")
     c.add_argument("--init", choices=("identity", "random"), default=None,
                    help="gate init: identity keeps the model's function (default), random does not")
-    c.add_argument("--format", choices=("gatedattn", "hf"), default="gatedattn",
-                   help="gatedattn (any variant) or hf (stock Qwen3/Llama/Qwen2; gate-free models only)")
+    c.add_argument("--format", choices=FORMATS, default="gatedattn",
+                   help="gatedattn (any variant); hf (stock Qwen3/Llama/Qwen2 for a gate-free model, Qwen3-Next "
+                        "for a 'gated' one); qwen3-next; official (gated / gated-headwise in the paper's layout)")
+    c.add_argument("--self-contained", action="store_true",
+                   help="with --format gatedattn: also write the modelling code and an auto_map, so "
+                        "transformers loads the directory with trust_remote_code=True where gatedattn is not installed")
     c.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     c.add_argument("--seed", type=int, default=0, help="seed for --init random")
     c.add_argument("--force", action="store_true", help="replace a non-empty --to")

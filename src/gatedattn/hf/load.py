@@ -9,7 +9,10 @@ its ``model_type``:
 * ``qwen3`` with ``elementwise_attn_output_gate`` / ``headwise_attn_output_gate`` --
   the official gated-attention checkpoints (``q_proj`` packs the gate in the
   KV-grouped layout, see ``gatedattn.hf.layouts``), loaded as ``gated`` /
-  ``gated-headwise``.
+  ``gated-headwise``;
+* ``qwen3_next`` whose every layer is full attention with a dense MLP (what
+  ``export_hf`` writes for a ``gated`` model) -- loaded as ``gated``; hybrid
+  linear-attention and MoE models are refused naming the layer.
 
 An importer maps every config field that changes the computation or refuses the
 checkpoint with a ``GatedAttnError`` naming the field; every tensor must be present
@@ -30,13 +33,11 @@ import torch
 from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
 from gatedattn.errors import GatedAttnError
 from gatedattn.hf.checkpoint import TensorSource, read_config
-from gatedattn.hf.layouts import split_grouped
+from gatedattn.hf.layouts import join_grouped, join_interleaved, split_grouped, split_interleaved
 from gatedattn.model import MODEL_TYPE, GatedLM, ModelConfig, check_state_dict
 
 # model types that look importable but are not (with the reason and what to do instead)
 NOT_SUPPORTED = {
-    "qwen3_next": "Qwen3-Next mixes linear-attention (Gated DeltaNet) layers and MoE MLPs, which GatedLM "
-                  "does not have; convert single attention layers with gatedattn.hf.attention_from_qwen3_next",
     "gpt_oss": "GPT-OSS has MoE MLPs and sliding-window layers, which GatedLM does not have; convert single "
                "attention layers with gatedattn.hf.attention_from_gpt_oss",
 }
@@ -48,12 +49,13 @@ _IGNORABLE = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 # --------------------------------------------------------------------------- config mapping
 @dataclass(frozen=True)
 class Plan:
-    """What an importer decided: the model config and how ``q_proj`` is laid out
-    (``plain``, or ``grouped`` for the official gate layout)."""
+    """What an importer decided: the model config, how ``q_proj`` is laid out
+    (``plain``; ``grouped`` for the official gate layout; ``interleaved`` for Qwen3-Next)
+    and whether RMSNorm weights are stored zero-centred (Qwen3-Next)."""
 
     cfg: ModelConfig
     q_layout: str = "plain"
-    source: str = ""
+    zero_centred_norms: bool = False
 
 
 def _refuse(source: str, field: str, value: Any, why: str) -> GatedAttnError:
@@ -94,27 +96,32 @@ def rope_from_hf(hf, head_dim: int, source: str, *, allow_partial: bool) -> Rope
         return RopeConfig(theta=theta, fraction=fraction, scaling="linear", factor=float(params["factor"]),
                           original_max_len=max_len)
     if rope_type == "yarn":
-        factor = params.get("factor")
-        original = int(params.get("original_max_position_embeddings") or max_len)
-        factor = float(factor) if factor is not None else max_len / original
-        if factor < 1.0:
-            raise _refuse(source, "rope_parameters.factor", factor, "YaRN needs factor >= 1")
-        for key in ("mscale", "mscale_all_dim"):
-            if params.get(key):
-                raise _refuse(source, f"rope_parameters.{key}", params[key], "YaRN mscale variants are not implemented")
-        attention_factor = params.get("attention_factor")
-        default_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-        if attention_factor is not None and abs(float(attention_factor) - default_factor) > 1e-12:
-            raise _refuse(source, "rope_parameters.attention_factor", attention_factor,
-                          f"gatedattn's YaRN uses 0.1 ln(factor) + 1 = {default_factor:g}")
-        if params.get("truncate", True) is False:
-            raise _refuse(source, "rope_parameters.truncate", False,
-                          "gatedattn's YaRN rounds the correction range (truncate=True)")
-        return RopeConfig(theta=theta, fraction=fraction, scaling="yarn", factor=factor,
-                          original_max_len=original, beta_fast=float(params.get("beta_fast") or 32.0),
-                          beta_slow=float(params.get("beta_slow") or 1.0))
+        return _yarn_from_hf(params, theta, fraction, max_len, source)
     raise _refuse(source, "rope_parameters.rope_type", rope_type,
                   "gatedattn implements default, linear and yarn RoPE (llama3, dynamic, longrope are not implemented)")
+
+
+def _yarn_from_hf(params: dict, theta: float, fraction: float, max_len: int, source: str) -> RopeConfig:
+    """``RopeConfig`` of a YaRN ``rope_parameters``; refuses the variants gatedattn does not compute."""
+    factor = params.get("factor")
+    original = int(params.get("original_max_position_embeddings") or max_len)
+    factor = float(factor) if factor is not None else max_len / original
+    if factor < 1.0:
+        raise _refuse(source, "rope_parameters.factor", factor, "YaRN needs factor >= 1")
+    for key in ("mscale", "mscale_all_dim"):
+        if params.get(key):
+            raise _refuse(source, f"rope_parameters.{key}", params[key], "YaRN mscale variants are not implemented")
+    attention_factor = params.get("attention_factor")
+    default_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    if attention_factor is not None and abs(float(attention_factor) - default_factor) > 1e-12:
+        raise _refuse(source, "rope_parameters.attention_factor", attention_factor,
+                      f"gatedattn's YaRN uses 0.1 ln(factor) + 1 = {default_factor:g}")
+    if params.get("truncate", True) is False:
+        raise _refuse(source, "rope_parameters.truncate", False,
+                      "gatedattn's YaRN rounds the correction range (truncate=True)")
+    return RopeConfig(theta=theta, fraction=fraction, scaling="yarn", factor=factor,
+                      original_max_len=original, beta_fast=float(params.get("beta_fast") or 32.0),
+                      beta_slow=float(params.get("beta_slow") or 1.0))
 
 
 def _check_common(hf, source: str) -> None:
@@ -172,7 +179,7 @@ def _plan_qwen3(raw: dict[str, Any], source: str) -> Plan:
     if not official:
         bias = bool(hf.attention_bias)
         attn = _attention(hf, source, qk_norm=True, qkv_bias=bias, o_bias=bias)
-        return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+        return Plan(_model_config(hf, attn, "baseline"), "plain")
     # the official gated-attention code (github.com/qiuzh20/gated_attention, modeling_qwen3.py):
     # biases follow qkv_bias (q, k, v and o), q/k norms follow use_qk_norm; attention_bias is unused
     elementwise = bool(raw.get("elementwise_attn_output_gate", False))
@@ -191,7 +198,34 @@ def _plan_qwen3(raw: dict[str, Any], source: str) -> Plan:
     attn = _attention(hf, source, qk_norm=bool(raw.get("use_qk_norm", True)), qkv_bias=bias, o_bias=bias,
                       gate=gate)
     variant = "gated-headwise" if headwise else "gated" if elementwise else "baseline"
-    return Plan(_model_config(hf, attn, variant), "grouped" if gate else "plain", source)
+    return Plan(_model_config(hf, attn, variant), "grouped" if gate else "plain")
+
+
+def _plan_qwen3_next(raw: dict[str, Any], source: str) -> Plan:
+    """A Qwen3-Next directory whose every layer is gated full attention with a dense MLP
+    (what ``export_hf`` writes for a ``gated`` model); hybrid linear-attention or MoE
+    models are refused naming the first such layer."""
+    hf = hf_config_object(raw, source)
+    n = hf.num_hidden_layers
+    how = ("GatedLM has only softmax attention; convert single attention layers with "
+           "gatedattn.hf.attention_from_qwen3_next")
+    for i, kind in enumerate(list(hf.layer_types or [])[:n]):
+        if kind != "full_attention":
+            raise _refuse(source, f"layer_types[{i}]", kind, f"layer {i} is not full attention; {how}")
+    dense = set(hf.mlp_only_layers or [])
+    for i in range(n):
+        if i not in dense and hf.num_experts > 0 and (i + 1) % hf.decoder_sparse_step == 0:
+            raise _refuse(source, "mlp_only_layers", sorted(dense),
+                          f"layer {i} has a MoE MLP (num_experts={hf.num_experts}), GatedLM's MLP is dense; {how}")
+    _check_common(hf, source)
+    bias = bool(hf.attention_bias)
+    head_dim = _head_dim(hf)
+    attn = AttentionConfig(
+        d_model=hf.hidden_size, n_heads=hf.num_attention_heads, n_kv_heads=hf.num_key_value_heads,
+        head_dim=head_dim, rope=rope_from_hf(hf, head_dim, source, allow_partial=True), qk_norm=True,
+        qkv_bias=bias, o_bias=bias, norm_eps=float(hf.rms_norm_eps), gate=GateConfig(bias=bias),
+    )
+    return Plan(_model_config(hf, attn, "gated"), "interleaved", zero_centred_norms=True)
 
 
 def _plan_llama(raw: dict[str, Any], source: str) -> Plan:
@@ -201,14 +235,14 @@ def _plan_llama(raw: dict[str, Any], source: str) -> Plan:
         raise _refuse(source, "mlp_bias", True, "GatedLM's MLP has no biases")
     bias = bool(getattr(hf, "attention_bias", False))
     attn = _attention(hf, source, qk_norm=False, qkv_bias=bias, o_bias=bias)
-    return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+    return Plan(_model_config(hf, attn, "baseline"), "plain")
 
 
 def _plan_qwen2(raw: dict[str, Any], source: str) -> Plan:
     hf = hf_config_object(raw, source)
     _check_common(hf, source)
     attn = _attention(hf, source, qk_norm=False, qkv_bias=True, o_bias=False)
-    return Plan(_model_config(hf, attn, "baseline"), "plain", source)
+    return Plan(_model_config(hf, attn, "baseline"), "plain")
 
 
 @dataclass(frozen=True)
@@ -225,6 +259,7 @@ IMPORTERS: dict[str, Importer] = {
     "qwen3": Importer(("Qwen3ForCausalLM",), _plan_qwen3),
     "llama": Importer(("LlamaForCausalLM",), _plan_llama),
     "qwen2": Importer(("Qwen2ForCausalLM",), _plan_qwen2),
+    "qwen3_next": Importer(("Qwen3NextForCausalLM",), _plan_qwen3_next),
 }
 
 
@@ -248,57 +283,79 @@ def plan_for(directory: Path, raw: dict[str, Any]) -> tuple[Importer, str]:
 # --------------------------------------------------------------------------- weights
 @dataclass(frozen=True)
 class Spec:
-    """One checkpoint tensor: its name, the GatedLM tensors it becomes (stacked along
-    dim 0) and, for a packed tensor, the function that splits it."""
+    """One checkpoint tensor: its name, the GatedLM tensors it becomes, and for a tensor
+    stored differently from ours the two conversions: ``split`` (checkpoint tensor ->
+    our tensors, for import) and ``join`` (our tensors -> checkpoint tensor, for export)."""
 
     hf_name: str
     targets: tuple[str, ...]
     split: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None
+    join: Callable[..., torch.Tensor] | None = None
 
 
-def hf_specs(cfg: ModelConfig, q_layout: str = "plain") -> list[Spec]:
-    """The HF (Llama/Qwen naming) tensors of a model with config ``cfg``."""
+Q_LAYOUTS = ("plain", "grouped", "interleaved")
+
+
+def hf_specs(cfg: ModelConfig, q_layout: str = "plain", *, zero_centred_norms: bool = False) -> list[Spec]:
+    """The HF (Llama/Qwen naming) tensors of a model with config ``cfg``.
+
+    ``q_layout`` says how ``q_proj`` holds the X-gate: ``plain`` (no gate), ``grouped``
+    (official gated-attention layout) or ``interleaved`` (Qwen3-Next), see
+    ``gatedattn.hf.layouts``. ``zero_centred_norms``: the checkpoint's RMSNorm weights
+    are stored as ``w - 1`` (Qwen3-Next computes ``x_hat * (1 + w)``)."""
+    if q_layout not in Q_LAYOUTS:
+        raise ValueError(f"unknown q layout {q_layout!r}; choose one of {', '.join(Q_LAYOUTS)}")
     a = cfg.attention
-    specs = [Spec("model.embed_tokens.weight", ("embed.weight",)), Spec("model.norm.weight", ("norm.weight",))]
+
+    def norm(hf_name: str, target: str) -> Spec:
+        if zero_centred_norms:
+            return Spec(hf_name, (target,), split=lambda t: (t + 1.0,), join=lambda w: w - 1.0)
+        return Spec(hf_name, (target,))
+
+    specs = [Spec("model.embed_tokens.weight", ("embed.weight",)), norm("model.norm.weight", "norm.weight")]
     if not cfg.tie_embeddings:
         specs.append(Spec("lm_head.weight", ("lm_head.weight",)))
     for i in range(cfg.n_layers):
         h, o = f"model.layers.{i}.", f"blocks.{i}."
-        pairs = [("input_layernorm.weight", "attn_norm.weight"),
-                 ("post_attention_layernorm.weight", "mlp_norm.weight"),
-                 ("self_attn.o_proj.weight", "attn.o_proj.weight")]
+        specs += [norm(h + "input_layernorm.weight", o + "attn_norm.weight"),
+                  norm(h + "post_attention_layernorm.weight", o + "mlp_norm.weight")]
+        if a.qk_norm:
+            specs += [norm(h + "self_attn.q_norm.weight", o + "attn.q_norm.weight"),
+                      norm(h + "self_attn.k_norm.weight", o + "attn.k_norm.weight")]
+        pairs = [("self_attn.o_proj.weight", "attn.o_proj.weight")]
         pairs += [(f"mlp.{p}.weight", f"mlp.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
         kinds = ("weight", "bias") if a.qkv_bias else ("weight",)
         for kind in kinds:
             pairs += [(f"self_attn.{p}.{kind}", f"attn.qkv.{p}.{kind}") for p in ("k_proj", "v_proj")]
         if a.o_bias:
             pairs.append(("self_attn.o_proj.bias", "attn.o_proj.bias"))
-        if a.qk_norm:
-            pairs += [("self_attn.q_norm.weight", "attn.q_norm.weight"), ("self_attn.k_norm.weight", "attn.k_norm.weight")]
         specs += [Spec(h + src, (o + dst,)) for src, dst in pairs]
         for kind in kinds:
-            q_target = o + f"attn.qkv.q_proj.{kind}"
+            q_name, q_target = h + f"self_attn.q_proj.{kind}", o + f"attn.qkv.q_proj.{kind}"
             if q_layout == "plain":
-                specs.append(Spec(h + f"self_attn.q_proj.{kind}", (q_target,)))
-            elif q_layout == "grouped":
-                width = 1 if a.gate.granularity == "headwise" else a.head_dim
-                specs.append(Spec(h + f"self_attn.q_proj.{kind}", (q_target, o + f"attn.gate.x.proj.{kind}"),
-                                  _grouped_splitter(a, width)))
+                specs.append(Spec(q_name, (q_target,)))
             else:
-                raise ValueError(f"unknown q layout {q_layout!r}")
+                split, join = _q_packing(a, q_layout)
+                specs.append(Spec(q_name, (q_target, o + f"attn.gate.x.proj.{kind}"), split, join))
     return specs
 
 
-def _grouped_splitter(a: AttentionConfig, width: int):
-    # ``split_grouped`` is looked up at call time: tests swap in the wrong layout and watch the logits change
-    return lambda t: split_grouped(t, a.n_heads, a.n_kv_heads, a.head_dim, width)
+def _q_packing(a: AttentionConfig, q_layout: str):
+    """(split, join) of a ``q_proj`` that packs the X-gate in ``q_layout``."""
+    H, Hkv, d = a.n_heads, a.n_kv_heads, a.head_dim
+    width = 1 if a.gate.granularity == "headwise" else d
+    # the layout functions are looked up at call time: tests swap in the wrong layout and watch the logits change
+    if q_layout == "grouped":
+        return (lambda t: split_grouped(t, H, Hkv, d, width)), (lambda q, g: join_grouped(q, g, H, Hkv, d, width))
+    return (lambda t: split_interleaved(t, H, d, width)), (lambda q, g: join_interleaved(q, g, H, d, width))
 
 
-def read_hf_state(directory: Path, cfg: ModelConfig, q_layout: str, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def read_hf_state(directory: Path, plan: "Plan", expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """GatedLM state dict from the HF-named tensors in ``directory``; strict both ways."""
     source = TensorSource(directory)
+    cfg = plan.cfg
     state: dict[str, torch.Tensor] = {}
-    for spec in hf_specs(cfg, q_layout):
+    for spec in hf_specs(cfg, plan.q_layout, zero_centred_norms=plan.zero_centred_norms):
         if spec.hf_name not in source.names:
             raise GatedAttnError(f"{directory}: tensor {spec.hf_name!r} is missing")
         shapes = [tuple(expected[t].shape) for t in spec.targets]
@@ -331,7 +388,7 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
         expected = model.state_dict()
         if plan.cfg.tie_embeddings:
             expected.pop("lm_head.weight")
-        state = read_hf_state(directory, plan.cfg, plan.q_layout, expected)
+        state = read_hf_state(directory, plan, expected)
         check_state_dict(state, expected, directory)
         model.load_state_dict(state, strict=False)
     model.eval()

@@ -27,7 +27,6 @@ not keep the model's function.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 from torch import nn
@@ -35,23 +34,12 @@ from torch import nn
 from gatedattn.attention import Attention
 from gatedattn.config import AttentionConfig
 from gatedattn.errors import GatedAttnError
-from gatedattn.gates import CrossHeadGate, Gate, HLogits, PerHeadLinear, XLogits
 from gatedattn.model import GatedLM
 from gatedattn.variants import get_variant
 
 INITS = ("identity", "random")
 # the linear map whose output (g2-g4) or input (g1, g5) the gate scales
 _COMPENSATE = {"g1": "o_proj", "g5": "o_proj", "g2": "qkv.v_proj", "g3": "qkv.k_proj", "g4": "qkv.q_proj"}
-
-
-def _silu_inverse_of_one() -> float:
-    """b with b * sigmoid(b) = 1 (Newton)."""
-    b = 1.0
-    for _ in range(50):
-        s = 1.0 / (1.0 + math.exp(-b))
-        f, df = b * s - 1.0, s + b * s * (1.0 - s)
-        b -= f / df
-    return b
 
 
 def _new_attention_config(old: AttentionConfig, variant: str, init: str) -> AttentionConfig:
@@ -80,53 +68,28 @@ def _new_attention_config(old: AttentionConfig, variant: str, init: str) -> Atte
 
 @torch.no_grad()
 def _init_random(attn: Attention, new_names: set[str], init_std: float) -> None:
-    """GatedLM.reset_parameters' rules, applied to the new parameters only."""
-    for name, module in attn.named_modules():
-        for pname, p in module.named_parameters(recurse=False):
-            full = f"{name}.{pname}" if name else pname
-            if full not in new_names:
-                continue
-            if pname == "weight" and isinstance(module, (nn.Linear, PerHeadLinear)):
-                nn.init.normal_(p, 0.0, init_std)
-            else:  # biases, static logits, sink
-                nn.init.zeros_(p)
+    """The new gate as ``GatedLM`` initialises a fresh one; a new sink at zero."""
+    if attn.gate is not None and any(n.startswith("gate.") for n in new_names):
+        attn.gate.reset_parameters(init_std)
+    if "sink" in new_names:
+        attn.sink.zero_()
 
 
 @torch.no_grad()
 def _init_identity(attn: Attention, new_names: set[str], init_std: float, sink_logit: float) -> None:
-    cfg = attn.cfg
     if "sink" in new_names:
         attn.sink.fill_(sink_logit)
-    gate: Gate | None = attn.gate
-    if gate is None:
+    if attn.gate is None:
         return
-    g = cfg.gate
-    if g.activation == "silu":
-        target = _silu_inverse_of_one()
-    elif g.activation == "identity":
-        target = 1.0
-    else:
-        target = 0.0
-    for module in gate.modules():
-        if isinstance(module, XLogits):
-            if module.static:
-                module.logits.fill_(target if g.combine == "multiply" else 0.0)
-            elif module.rank:
-                nn.init.normal_(module.down.weight, 0.0, init_std)
-                module.up.weight.zero_()
-                if module.up.bias is not None:
-                    module.up.bias.fill_(target if g.combine == "multiply" else 0.0)
-            else:
-                module.proj.weight.zero_()
-                if module.proj.bias is not None:
-                    module.proj.bias.fill_(target if g.combine == "multiply" else 0.0)
-        elif isinstance(module, HLogits):
-            nn.init.normal_(module.down.weight, 0.0, init_std)
-            module.up.weight.zero_()
-        elif isinstance(module, CrossHeadGate):
-            module.proj.weight.zero_()
-    # the gate is now a constant: find it, and undo it in the neighbouring linear map
-    # (the new layer is still float32 here; add_gates casts it to the model's dtype afterwards)
+    attn.gate.init_identity(init_std)
+    _compensate(attn)
+
+
+@torch.no_grad()
+def _compensate(attn: Attention) -> None:
+    """The gate is now a constant: find it, and undo it in the neighbouring linear map
+    (the new layer is still float32 here; add_gates casts it to the model's dtype afterwards)."""
+    cfg, gate, g = attn.cfg, attn.gate, attn.cfg.gate
     rng = torch.Generator().manual_seed(0)
     y = torch.rand(2, 3, gate.groups, gate.dim, generator=rng) + 0.5
     x = torch.randn(2, 3, cfg.d_model, generator=rng)

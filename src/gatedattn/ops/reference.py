@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def causal_mask(tq: int, tk: int, q_offset: int, device: torch.device) -> torch.Tensor:
@@ -54,3 +55,11 @@ def attention_reference(
     probs = attention_probs_reference(q, k, sink, q_offset=q_offset, scale=scale)
     v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)  # (B, H, Tk, Dv)
     return (probs @ v.float()).to(q.dtype)
+
+
+def gated_linear(y_BTHD: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Specification of ``ops.gate.gated_linear``: sigmoid gate on each head's output, then
+    the output projection. ``logits`` broadcasts against ``y`` (B, T, H, D)."""
+    gated = y_BTHD * torch.sigmoid(logits.to(y_BTHD.dtype))
+    return F.linear(gated.flatten(-2), weight, bias)

@@ -2,7 +2,7 @@
 
 ``attention_sdpa`` calls ``F.scaled_dot_product_attention`` (any device, any backend).
 
-``attention_flash_lse`` adds a learnable sink without a T x T matrix (DESIGN.md 2.3):
+``attention_flash_lse`` adds a learnable sink without a T x T matrix (docs/design.md section 3):
 a fused kernel returns the output ``o`` and the log-sum-exp ``lse`` of each row; then
 ``o_sink = o * sigmoid(lse - b)``. Its backward is the fused kernel's backward run with
 ``o_sink`` and ``lse_total = logaddexp(lse, b)`` (the sink is a key whose value is zero),
@@ -40,32 +40,65 @@ def attention_sdpa(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
-class _FlashSinkCPU(torch.autograd.Function):
-    """Causal attention with a per-head sink on the CPU flash kernel (q, k, v: B, H, T, D)."""
+class _CPUFlash:
+    """The CPU flash kernel: returns the log-sum-exp, its backward takes it back."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, scale):
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, True, scale=scale
-        )  # o (B, H, T, D) in q's dtype, lse (B, H, T) float32
+    def forward(q, k, v, scale):
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+        return o, lse, ()  # o (B, H, T, D) in q's dtype, lse (B, H, T) float32
+
+    @staticmethod
+    def backward(grad_o, q, k, v, o, lse, aux, scale):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_o, q, k, v, o, lse, 0.0, True, scale=scale)
+
+
+class _CUDAEfficient:
+    """The CUDA memory-efficient kernel (fp32, fp16, bf16). Its log-sum-exp is (B, H, T')
+    with T' >= T padded up to its block size; the rows past T are never read."""
+
+    @staticmethod
+    def forward(q, k, v, scale):
+        o, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, 0.0, True, scale=scale)
+        return o, lse, (seed, offset)
+
+    @staticmethod
+    def backward(grad_o, q, k, v, o, lse, aux, scale):
+        seed, offset = aux
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            grad_o, q, k, v, None, o, lse, seed, offset, 0.0, [True, True, True, False], True, scale=scale)
+        return dq, dk, dv
+
+
+class _FlashSink(torch.autograd.Function):
+    """Causal attention with a per-head sink on a fused kernel that returns the log-sum-exp
+    (q, k, v: B, H, T, D with equal head counts and sizes)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, scale, kernel):
+        o, lse, aux = kernel.forward(q, k, v, scale)
+        T = q.shape[2]
         b = sink.float().view(1, -1, 1)
-        keep = torch.sigmoid(lse - b)  # 1 - p_sink, (B, H, T)
+        keep = torch.sigmoid(lse[..., :T] - b)  # 1 - p_sink, (B, H, T)
         o_sink = (o.float() * keep[..., None]).to(o.dtype)
         lse_total = torch.logaddexp(lse, b.expand_as(lse))
-        ctx.save_for_backward(q, k, v, o_sink, lse_total, keep)
-        ctx.scale = scale
+        ctx.save_for_backward(q, k, v, o_sink, lse_total, keep, *aux)
+        ctx.scale, ctx.kernel = scale, kernel
         return o_sink
 
     @staticmethod
     def backward(ctx, grad_o):
-        q, k, v, o_sink, lse_total, keep = ctx.saved_tensors
+        q, k, v, o_sink, lse_total, keep, *aux = ctx.saved_tensors
         grad_o = grad_o.contiguous()
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_o, q, k, v, o_sink, lse_total, 0.0, True, scale=ctx.scale
-        )
+        dq, dk, dv = ctx.kernel.backward(grad_o, q, k, v, o_sink, lse_total, aux, ctx.scale)
         p_sink = 1.0 - keep  # (B, H, T)
         d_sink = -(p_sink * (grad_o.float() * o_sink.float()).sum(-1)).sum(dim=(0, 2))  # (H,)
-        return dq, dk, dv, d_sink, None
+        return dq, dk, dv, d_sink, None, None
+
+
+FUSED_LSE_KERNELS = {"cpu": _CPUFlash, "cuda": _CUDAEfficient}
 
 
 def attention_flash_lse(
@@ -78,15 +111,17 @@ def attention_flash_lse(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Causal attention with an optional per-head sink, using a fused kernel that returns
-    the log-sum-exp (CPU). Decoding after a cache prefix and other devices take the
-    reference path (the score matrix of a few query rows is small)."""
+    the log-sum-exp (the CPU flash kernel, CUDA's memory-efficient kernel). Decoding after
+    a cache prefix and other devices take the reference path (the score matrix of a few
+    query rows is small)."""
     if sink is None:
         return attention_sdpa(q, k, v, q_offset=q_offset, scale=scale)
-    if q.device.type != "cpu" or q_offset != 0 or q.shape[2] != k.shape[2]:
+    kernel = FUSED_LSE_KERNELS.get(q.device.type)
+    if kernel is None or q_offset != 0 or q.shape[2] != k.shape[2]:
         return attention_reference(q, k, v, sink, q_offset=q_offset, scale=scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[1] // k.shape[1]
-    if group > 1:  # the fused CPU kernel has no GQA: expand the KV heads
+    if group > 1:  # the fused kernels have no GQA: expand the KV heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     dv = v.shape[-1]
     if dv != q.shape[-1]:  # the kernel needs equal head sizes (MLA): pad v with zeros
@@ -96,5 +131,5 @@ def attention_flash_lse(
             q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))
     dtype = torch.promote_types(q.dtype, torch.promote_types(k.dtype, v.dtype))
     q, k, v = (t.to(dtype).contiguous() for t in (q, k, v))
-    out = _FlashSinkCPU.apply(q, k, v, sink, scale)
+    out = _FlashSink.apply(q, k, v, sink, scale, kernel)
     return out[..., :dv]

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gatedattn.fmt import fmt_mean_std as _fmt
 from gatedattn.analysis.metrics import differs_beyond_noise
 
 HELD, NOT_HELD, NOT_MEASURABLE = "held", "did not hold", "not measurable"
@@ -45,17 +46,6 @@ def _metric(results: dict, variant: str, metric: str) -> dict | None:
         return None
     value = summary[metric]
     return value if value is not None and value.get("mean") is not None else None
-
-
-def _num(x: float) -> str:
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.3f}"
-
-
-def _fmt(m: dict) -> str:
-    std = m.get("std")
-    if std is None or not math.isfinite(std):
-        return _num(m["mean"])
-    return f"{_num(m['mean'])} ± {_num(std)}"
 
 
 def compare(results: dict, better: str, worse: str, metric: str, *, lower_is_better: bool = True,
@@ -137,16 +127,21 @@ def _extrapolation(results: dict) -> Verdict:
     return verdict
 
 
-def _stability(results: dict) -> Verdict:
-    study = results.get("lr_study")
-    if not study:
-        return Verdict(NOT_MEASURABLE, "the learning-rate study was not run (`gatedattn reproduce --study lr`)")
-    rows = study.get("runs", [])
+def _lr_study_outcome(rows: list[dict]) -> tuple[list[float], list[float], dict[str, int]]:
+    """Learning rates at which baseline and gated diverged, and their loss spikes in all."""
     div = {(r["variant"], r["lr"]) for r in rows if r.get("diverged")}
     lrs = sorted({r["lr"] for r in rows})
     base_div = [lr for lr in lrs if ("baseline", lr) in div]
     gated_div = [lr for lr in lrs if ("gated", lr) in div]
     spikes = {v: sum(r.get("spikes", 0) for r in rows if r["variant"] == v) for v in ("baseline", "gated")}
+    return base_div, gated_div, spikes
+
+
+def _stability(results: dict) -> Verdict:
+    study = results.get("lr_study")
+    if not study:
+        return Verdict(NOT_MEASURABLE, "the learning-rate study was not run (`gatedattn reproduce --study lr`)")
+    base_div, gated_div, spikes = _lr_study_outcome(study.get("runs", []))
     text = (f"diverged at LR {base_div or 'none'} (baseline) vs {gated_div or 'none'} (gated); "
             f"loss spikes {spikes['baseline']} vs {spikes['gated']}")
     if base_div and (not gated_div or min(gated_div) > min(base_div)):

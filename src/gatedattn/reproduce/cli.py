@@ -6,44 +6,16 @@ import argparse
 import shlex
 import sys
 
-from gatedattn.errors import ConfigError
 from gatedattn.precision import DTYPES
 from gatedattn.reproduce.runner import ReproduceConfig, reproduce
+from gatedattn.settings import apply_sets, help_text, parse_list
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+def _list_of(kind: type, flag: str):
+    def parse(text: str) -> tuple:
+        return tuple(parse_list(text, kind, flag))
 
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _sets(pairs: list[str]) -> dict[str, str]:
-    import typing
-
-    from gatedattn.train.config import TrainConfig, parse_value, settable_keys
-
-    fields = typing.get_type_hints(TrainConfig)
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {pair!r} must look like key=value")
-        if key not in fields:
-            raise ConfigError(f"--set {key!r} is not a training setting; settings are: {', '.join(settable_keys())}")
-        out[key] = parse_value(value, fields[key], key)
-    return out
+    return parse
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -56,9 +28,8 @@ def _run(args: argparse.Namespace) -> int:
     given = {k: v for k, v in given.items() if v is not None}
     if args.budget_minutes is not None and args.steps is None:
         given["steps"] = None  # the budget decides the steps
-    if args.set:
-        given["train_overrides"] = _sets(args.set)
     cfg = ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
+    cfg = apply_sets(cfg, args.set or [])
     command = "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
     report = reproduce(cfg, command=command)
     print(f"report: {report}")
@@ -68,8 +39,9 @@ def _run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("reproduce", help="train baseline and gated variants alike and report the papers' claims",
                        description="Train each variant on the same data, in the same order, for the same tokens; "
-                                   "analyse each; write report.md, plots and results.json.")
-    p.add_argument("--variants", type=_names, help="comma-separated presets (default baseline,gated)")
+                                   "analyse each; write report.md, plots and results.json.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text(ReproduceConfig))
+    p.add_argument("--variants", type=_list_of(str, "--variants"), help="comma-separated presets (default baseline,gated)")
     p.add_argument("--budget-minutes", type=float, help="wall-clock budget: time each variant here and fit the steps to it")
     p.add_argument("--steps", type=int, help="training steps per run (default 700; --quick 40)")
     p.add_argument("--seeds", type=int, help="seeds per variant (default 1); with 2+ the report tests seed noise")
@@ -79,12 +51,12 @@ def register(sub) -> None:
     p.add_argument("--seq-len", type=int, help="training context (default 256)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
-    p.add_argument("--lrs", type=_floats, help="learning-rate ladder for --study lr")
+    p.add_argument("--lrs", type=_list_of(float, "--lrs"), help="learning-rate ladder for --study lr")
     p.add_argument("--dtype", choices=DTYPES,
                    help="auto (default): bf16 autocast where the device computes bf16 natively, else fp32")
-    p.add_argument("--multiples", type=_ints, help="extrapolation lengths as multiples of the context (default 1,2,4,8)")
+    p.add_argument("--multiples", type=_list_of(int, "--multiples"), help="extrapolation lengths as multiples of the context (default 1,2,4,8)")
     p.add_argument("--study", choices=("main", "lr"), help="main (default) or the learning-rate stability study")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="any training setting (see gatedattn train)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the reproduction or its training (repeatable; keys below)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run)

@@ -63,30 +63,45 @@ def make_plots(results: dict, out: Path) -> dict[str, str]:
              for v, a in first.items() if a.get("gate_histogram")}
     if hists:
         add("gate_histograms", plots.plot_gate_histograms, hists)
+    maps = _attention_maps(first)
+    if maps:
+        add("attention_maps", plots.plot_attention_maps, maps, title="Head-averaged attention, first validation sequence")
+    for metric, label in (("f_attn", "F-Attn"), ("m_act", "M-Act")):
+        series = _over_training(results, variants, metric)
+        if series:
+            add(f"{metric}_over_training", plots.plot_over_training, series, ylabel=label,
+                title=f"{label} during training (seed 0)", log=metric == "m_act")
+    ext, train_len = _extrapolation(results, variants)
+    if ext:
+        add("extrapolation", plots.plot_extrapolation, ext, train_len=train_len)
+    return made
+
+
+def _attention_maps(first: dict) -> dict:
     maps = {}
     for v, a in first.items():
         for layer, grid in sorted((a.get("attention_maps") or {}).items(), key=lambda kv: int(kv[0])):
             maps[f"{v} · layer {layer}"] = grid
-    if maps:
-        add("attention_maps", plots.plot_attention_maps, maps, title="Head-averaged attention, first validation sequence")
-    for metric, label in (("f_attn", "F-Attn"), ("m_act", "M-Act")):
-        series = {}
-        for v in variants:
-            ot = _runs(results, v)[0].get("over_training") or {}
-            if ot.get("tokens") and ot.get(metric):
-                series[v] = {"tokens": ot["tokens"], "value": ot[metric]}
-        if series:
-            add(f"{metric}_over_training", plots.plot_over_training, series, ylabel=label,
-                title=f"{label} during training (seed 0)", log=metric == "m_act")
-    ext = {}
+    return maps
+
+
+def _over_training(results: dict, variants: list[str], metric: str) -> dict:
+    series = {}
+    for v in variants:
+        ot = _runs(results, v)[0].get("over_training") or {}
+        if ot.get("tokens") and ot.get(metric):
+            series[v] = {"tokens": ot["tokens"], "value": ot[metric]}
+    return series
+
+
+def _extrapolation(results: dict, variants: list[str]) -> tuple[dict, int | None]:
+    ext, train_len = {}, None
     for v in variants:
         e = _runs(results, v)[0].get("extrapolation")
         if e:
             ext[v] = {m: {"lengths": e["lengths"], "loss": losses} for m, losses in e["methods"].items()}
             train_len = e["train_len"]
-    if ext:
-        add("extrapolation", plots.plot_extrapolation, ext, train_len=train_len)
-    return made
+    return ext, train_len
 
 
 def _precision(cfg: dict, meta: dict) -> str:

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
+import functools
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,12 +33,17 @@ from gatedattn.analysis.metrics import mean_std
 from gatedattn.layer_cost import cost
 from gatedattn.data import TokenData, prepare
 from gatedattn.errors import ConfigError
-from gatedattn.io import atomic_write_json
+from gatedattn.io import atomic_write_json, json_safe
 from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.report import write_lr_report, write_report
+from gatedattn.settings import option
 from gatedattn.train import TrainConfig, train
+from gatedattn.train.config import ModelRecipe, has_gate
+from gatedattn.train.metrics import read_records
+from gatedattn.train.rundir import code_version, describe_code_version
+from gatedattn.train.trainer import Trainer
 from gatedattn.variants import VARIANTS
 
 STUDIES = ("main", "lr")
@@ -49,42 +53,54 @@ SUMMARY_METRICS = (
 )
 
 
+def _base_train() -> TrainConfig:
+    """The training settings of the default reproduction (see ``ReproduceConfig``)."""
+    return TrainConfig(model=ModelRecipe(size="small", variant="gated"), seq_len=256, micro_batch=16, lr=3e-3, warmup_steps=50,
+                       eval_batches=4)
+
+
+# TrainConfig fields that the reproduction sets for each run itself (the base recipe's
+# variant only stands in for the gated ones, so that gate settings are checked at once)
+_PER_RUN = ("out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant")
+
+
 @dataclass(frozen=True)
 class ReproduceConfig:
-    """One reproduction. Every variant trains ``steps`` steps; with ``budget_minutes``
-    instead, the step count is derived from timing each variant on this machine (the same
-    count for every variant, so every variant sees the same tokens).
+    """One reproduction: every variant trains ``steps`` steps with the settings of
+    ``train`` (a base ``TrainConfig``; each run sets its variant, seed, steps, output
+    directory and evaluation and checkpoint intervals). With ``budget_minutes`` instead,
+    the step count is derived from timing the trainer's own step of each variant on this
+    machine (the same count for every variant, so every variant sees the same tokens).
 
     The defaults were chosen from measurements on a 2-core CPU: 700 steps of 16 x 256
     tokens of the ``small`` model for two variants take about 24 minutes there, and by then
     the gated model has a lower loss and clearly smaller massive activations. Sinks grow
     with tokens seen, so two variants with more tokens each serve better than many short
     runs; at this budget the first-token sink itself is still weak (see
-    docs/reproduction/report.md)."""
+    docs/reproduction/report.md).
 
-    variants: tuple[str, ...] = ("baseline", "gated")
-    seeds: int = 1
-    budget_minutes: float | None = None
-    steps: int | None = 700
-    preset: str = "small"
-    seq_len: int = 256
-    micro_batch: int = 16
-    lr: float = 3e-3
-    warmup_steps: int = 50
-    dtype: str = "auto"
-    optimizer: str = "adamw"
-    data_dir: str | None = None
-    out_dir: str = "runs/reproduce"
-    evals: int = 8
-    analysis_sequences: int = 32
-    multiples: tuple[int, ...] = (1, 2, 4, 8)
-    study: str = "main"
-    lrs: tuple[float, ...] = (1e-3, 3e-3, 1e-2, 3e-2)
-    train_overrides: dict[str, Any] = field(default_factory=dict)
-    progress: bool = True
+    Fields of ``TrainConfig`` may be passed directly (``ReproduceConfig(lr=1e-2,
+    preset="tiny")``); they change ``train``."""
+
+    variants: tuple[str, ...] = option(("baseline", "gated"), help="attention presets to compare")
+    seeds: int = option(1, help="seeds per variant; with 2+ the report tests seed noise")
+    budget_minutes: float | None = option(None, help="wall-clock budget: time each variant's training step "
+                                                     "and fit the steps to it (instead of steps)")
+    steps: int | None = option(700, help="training steps per run")
+    out_dir: str = option("runs/reproduce", help="output directory")
+    evals: int = option(8, help="evaluations (with the sink metrics) per run")
+    analysis_sequences: int = option(32, help="validation sequences the final analysis reads")
+    multiples: tuple[int, ...] = option((1, 2, 4, 8), help="extrapolation lengths as multiples of the context")
+    study: str = option("main", help="main, or lr (the learning-rate stability study)")
+    lrs: tuple[float, ...] = option((1e-3, 3e-3, 1e-2, 3e-2), help="learning-rate ladder of the lr study")
+    train: TrainConfig = field(default_factory=_base_train, metadata={
+        "help": "the base training settings of every run", "exclude": _PER_RUN})
 
     def __post_init__(self) -> None:
         owner = "ReproduceConfig"
+        if not isinstance(self.train, TrainConfig):
+            raise ConfigError(f"{owner}.train must be a TrainConfig, got {type(self.train).__name__}")
+        object.__setattr__(self, "variants", tuple(self.variants))
         if not self.variants:
             raise ConfigError(f"{owner}.variants is empty; name at least one of: {', '.join(VARIANTS)}")
         for v in self.variants:
@@ -94,11 +110,18 @@ class ReproduceConfig:
             raise ConfigError(f"{owner}.variants names a variant twice: {', '.join(self.variants)}")
         if self.study not in STUDIES:
             raise ConfigError(f"{owner}.study={self.study!r} is not allowed; choose one of {', '.join(STUDIES)}")
-        if self.preset not in SIZE_PRESETS:
-            raise ConfigError(f"{owner}.preset={self.preset!r} is not allowed; choose one of {', '.join(SIZE_PRESETS)}")
-        for name in ("seeds", "seq_len", "micro_batch", "evals", "analysis_sequences"):
+        for name in ("seeds", "evals", "analysis_sequences"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{owner}.{name}={getattr(self, name)!r} must be > 0")
+        self._check_budget(owner)
+        if any(lr <= 0 for lr in self.lrs):
+            raise ConfigError(f"{owner}.lrs must be > 0")
+        if any(m < 1 for m in self.multiples):
+            raise ConfigError(f"{owner}.multiples={self.multiples} must all be >= 1")
+        for variant in self.variants:  # fail now, not after an hour: each run's config is valid
+            self.train_config(variant, 0, steps=10)
+
+    def _check_budget(self, owner: str) -> None:
         if (self.steps is None) == (self.budget_minutes is None):
             raise ConfigError(f"{owner}: give exactly one of steps and budget_minutes "
                               f"(got steps={self.steps}, budget_minutes={self.budget_minutes})")
@@ -106,12 +129,6 @@ class ReproduceConfig:
             raise ConfigError(f"{owner}.steps={self.steps} must be > 0")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise ConfigError(f"{owner}.budget_minutes={self.budget_minutes} must be > 0")
-        if self.lr <= 0 or any(lr <= 0 for lr in self.lrs):
-            raise ConfigError(f"{owner}.lr and lrs must be > 0")
-        if any(m < 1 for m in self.multiples):
-            raise ConfigError(f"{owner}.multiples={self.multiples} must all be >= 1")
-        # fail now, not after an hour: the trainer validates every field it gets
-        self.train_config("baseline", 0, steps=10, out_dir="unused")
 
     @classmethod
     def quick(cls, **changes: Any) -> "ReproduceConfig":
@@ -120,18 +137,54 @@ class ReproduceConfig:
                     analysis_sequences=8, multiples=(1, 2), lrs=(3e-3, 3e-2), out_dir="runs/reproduce-quick")
         return cls(**{**base, **changes})
 
-    def train_config(self, variant: str, seed: int, *, steps: int, out_dir: str, lr: float | None = None) -> TrainConfig:
-        fields = dict(
-            data_dir=self.data_dir or "unused", out_dir=out_dir, variant=variant, preset=self.preset,
-            seq_len=self.seq_len, micro_batch=self.micro_batch, steps=steps, lr=lr or self.lr,
-            warmup_steps=min(self.warmup_steps, max(steps // 5, 1)), dtype=self.dtype, optimizer=self.optimizer,
-            seed=seed, eval_every=max(steps // self.evals, 1), ckpt_every=max(steps // 4, 1),
-            eval_batches=4, progress=self.progress,
+    @property
+    def data_dir(self) -> str | None:
+        return self.train.data_dir
+
+    def train_config(self, variant: str, seed: int, *, steps: int, out_dir: str | None = None,
+                     lr: float | None = None) -> TrainConfig:
+        """The ``TrainConfig`` of one run: ``train`` with the run's own fields. The ``gate``
+        settings apply to the variants that have a gate."""
+        t = self.train
+        model = dataclasses.replace(t.model, variant=variant, gate=t.model.gate if has_gate(variant) else {})
+        return t.replace(
+            out_dir=out_dir, model=model, steps=steps, lr=lr or t.lr,
+            warmup_steps=min(t.warmup_steps, max(steps // 5, 1)), seed=seed,
+            eval_every=max(steps // self.evals, 1), ckpt_every=max(steps // 4, 1),
         )
-        return TrainConfig(**{**fields, **self.train_overrides})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["train"] = self.train.to_dict()
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReproduceConfig":
+        data = dict(data)
+        for name in ("variants", "multiples", "lrs"):
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
+        if isinstance(data.get("train"), dict):
+            data["train"] = TrainConfig.from_dict(data["train"])
+        return cls(**data)
+
+
+def _route_train_fields(init):
+    """``ReproduceConfig(lr=..., preset=...)``: TrainConfig fields go into ``train``."""
+    own = {f.name for f in dataclasses.fields(ReproduceConfig)}
+    train_names = {f.name for f in dataclasses.fields(TrainConfig)} | {"variant", "preset", "model_overrides"}
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        moved = {k: kw.pop(k) for k in list(kw) if k not in own and k in train_names}
+        if moved:
+            kw["train"] = (kw.get("train") or _base_train()).replace(**moved)
+        init(self, *args, **kw)
+
+    return __init__
+
+
+ReproduceConfig.__init__ = _route_train_fields(ReproduceConfig.__init__)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -147,7 +200,7 @@ def ensure_data(cfg: ReproduceConfig) -> Path:
     path = default_data_dir()
     if not (path / "manifest.json").is_file():
         _say(f"preparing the default corpus into {path} (once)")
-        prepare(None, path, default_corpus=True, progress=cfg.progress)
+        prepare(None, path, default_corpus=True, progress=cfg.train.progress)
     return path
 
 
@@ -168,35 +221,15 @@ def machine_description() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {device}, {platform.system()} {platform.release()}"
 
 
-def code_version() -> str:
-    root = Path(__file__).resolve().parents[3]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown commit"
-    return f"commit {commit}{' + local changes' if dirty else ''}" if commit else "unknown commit"
-
-
 def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int = 4, warmup: int = 2) -> float:
-    """Seconds per training step (forward, backward, AdamW) of ``variant`` here."""
-    tcfg = cfg.train_config(variant, 0, steps=10, out_dir="unused")
-    model = GatedLM(tcfg.model_config(data.vocab_size, data.bos_id, data.eos_id))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = data.train_batch(0, range(cfg.micro_batch), global_batch=cfg.micro_batch, seq_len=cfg.seq_len, seed=0)
-    times = []
-    for i in range(warmup + repeats):
-        t0 = time.perf_counter()
-        with resolve_dtype(cfg.dtype, "cpu").autocast("cpu"):
-            loss = model.loss(batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    """Seconds per training step of ``variant`` here: the median of ``repeats`` calls of the
+    trainer's own ``train_step`` (forward, backward, clipping, the run's optimizer), after
+    ``warmup`` untimed ones."""
+    trainer = Trainer(cfg.train_config(variant, 0, steps=warmup + repeats), data)
+    for _ in range(warmup):
+        trainer.train_step()
+    times = sorted(trainer.train_step().seconds for _ in range(repeats))
+    return times[len(times) // 2]
 
 
 def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -> tuple[int, dict[str, float]]:
@@ -211,13 +244,6 @@ def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -
     _say(f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run fit "
          f"{cfg.budget_minutes:g} min")
     return steps, step_s
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 class SinkTracker:
@@ -240,37 +266,43 @@ def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str,
             out: Path, *, lr: float | None = None, analyse: bool = True) -> dict[str, Any]:
     tag = f"{variant}-s{seed}" + (f"-lr{lr:g}" if lr is not None else "")
     run_dir = out / "runs" / tag
-    tcfg = dataclasses.replace(cfg.train_config(variant, seed, steps=steps, out_dir=str(run_dir), lr=lr),
-                               data_dir=str(data_dir))
-    _say(f"training {tag}: {steps} steps of {cfg.micro_batch}x{cfg.seq_len} tokens")
-    hook = SinkTracker(data, cfg.seq_len) if analyse else None
+    tcfg = cfg.train_config(variant, seed, steps=steps, out_dir=str(run_dir), lr=lr).replace(data_dir=str(data_dir))
+    _say(f"training {tag}: {steps} steps of {tcfg.micro_batch}x{tcfg.seq_len} tokens")
+    hook = SinkTracker(data, tcfg.seq_len) if analyse else None
     result = train(tcfg, eval_hook=hook, resume=True)
-    records = read_metrics(run_dir)
-    train_recs = [r for r in records if r.get("kind") == "train"]
-    eval_recs = [r for r in records if r.get("kind") == "eval"]
     run: dict[str, Any] = {
         "variant": variant, "seed": seed, "lr": tcfg.lr, "run_dir": str(run_dir.relative_to(out)),
         "steps": result.steps, "tokens": result.tokens, "diverged": result.diverged,
         "diverged_reason": result.diverged_reason, "spikes": result.spikes,
         "final_loss": result.final_loss, "tokens_per_s": result.tokens_per_s, "train_seconds": result.elapsed_s,
-        "curve": {"steps": [r["step"] for r in train_recs], "tokens": [r["tokens"] for r in train_recs],
-                  "loss": [r["loss"] for r in train_recs]},
-        "val_curve": {"steps": [r["step"] for r in eval_recs], "tokens": [r["tokens"] for r in eval_recs],
-                      "val_loss": [r["val_loss"] for r in eval_recs]},
-        "over_training": {"tokens": [r["tokens"] for r in eval_recs if "f_attn" in r],
-                          **{k: [r[k] for r in eval_recs if k in r] for k in ("f_attn", "sink_eps", "m_act", "gate_mean")}},
+        **_curves(read_records(run_dir)),
     }
     if not analyse or result.final_dir is None:
         return run
     model = GatedLM.from_pretrained(result.final_dir)
     n_layers = model.cfg.n_layers
-    batches = data.val_batches(seq_len=cfg.seq_len, batch_size=8, max_batches=math.ceil(cfg.analysis_sequences / 8))
+    batches = data.val_batches(seq_len=tcfg.seq_len, batch_size=8, max_batches=math.ceil(cfg.analysis_sequences / 8))
     _say(f"analysing {tag}")
     run["analysis"] = analyze(model, batches, layers_for_maps=[n_layers // 2])
     if cfg.multiples:
-        run["extrapolation"] = extrapolate(model, data, train_len=cfg.seq_len, multiples=cfg.multiples,
+        run["extrapolation"] = extrapolate(model, data, train_len=tcfg.seq_len, multiples=cfg.multiples,
                                            batch_size=4)
     return run
+
+
+def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Training and validation curves and the sink metrics over training, from metrics.jsonl."""
+    train_recs = [r for r in records if r.get("kind") == "train"]
+    eval_recs = [r for r in records if r.get("kind") == "eval"]
+    tracked = [r for r in eval_recs if "f_attn" in r]
+    return {
+        "curve": {"steps": [r["step"] for r in train_recs], "tokens": [r["tokens"] for r in train_recs],
+                  "loss": [r["loss"] for r in train_recs]},
+        "val_curve": {"steps": [r["step"] for r in eval_recs], "tokens": [r["tokens"] for r in eval_recs],
+                      "val_loss": [r["val_loss"] for r in eval_recs]},
+        "over_training": {"tokens": [r["tokens"] for r in tracked],
+                          **{k: [r[k] for r in eval_recs if k in r] for k in ("f_attn", "sink_eps", "m_act", "gate_mean")}},
+    }
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -305,7 +337,7 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     data_dir = ensure_data(cfg)
     data = TokenData(data_dir)
-    results: dict[str, Any] = {"config": cfg.to_dict(), "variants": {}, "summary": {}}
+    results: dict[str, Any] = {"config": {**cfg.to_dict(), **_report_fields(cfg.train)}, "variants": {}, "summary": {}}
 
     if cfg.study == "lr":
         results["lr_study"] = lr_study(cfg, data_dir, data, out)
@@ -319,16 +351,16 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
             runs = [run_one(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)]
             results["variants"][variant] = {"runs": runs}
             results["summary"][variant] = summarize(runs)
-            atomic_write_json(out / "results.json", _json_safe(results))  # progress survives a crash
+            atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
 
     results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
     if results["variants"]:
         _say("timing a training step of each variant, back to back")
         results["step_time"] = {v: time_step(cfg, v, data) for v in variants_run}
-    n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10, out_dir="x")
+    n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10)
                                               .model_config(data.vocab_size)).parameters())
-    n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[cfg.preset]
-    results["config"].update(steps=steps, batch_tokens=cfg.micro_batch * cfg.seq_len,
+    n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[cfg.train.preset]
+    results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s)
     results["meta"] = {
         "command": command or "gatedattn reproduce",
@@ -336,29 +368,35 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "gatedattn": __version__,
-        "code_version": code_version(),
+        "code_version": describe_code_version(code_version()),
         "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": (time.time() - started) / 60,
         "data": f"{data.manifest.source} — {data.train_tokens:,} training / {data.val_tokens:,} validation tokens, "
                 f"vocab {data.vocab_size} (byte-level BPE)",
         "model": f"{n_layers} layers, d_model {d_model}, {n_heads} heads ({n_kv} KV), SwiGLU {ffn}, "
                  f"{n_params / 1e6:.2f} M parameters (baseline)",
-        "analysis_tokens": cfg.analysis_sequences * cfg.seq_len,
-        "precision": resolve_dtype(cfg.dtype, "cpu").as_dict(),
+        "analysis_tokens": cfg.analysis_sequences * cfg.train.seq_len,
+        "precision": resolve_dtype(cfg.train.dtype, "cpu").as_dict(),
     }
     results["claims"] = judge_all(results) if results["variants"] else []
-    atomic_write_json(out / "results.json", _json_safe(results))
+    atomic_write_json(out / "results.json", json_safe(results))
     if not results["variants"]:
         return write_lr_report(results, out)
     return write_report(results, out)
+
+
+def _report_fields(t: TrainConfig) -> dict[str, Any]:
+    """The training settings the report quotes, by their report names."""
+    return {"preset": t.preset, "seq_len": t.seq_len, "micro_batch": t.micro_batch, "lr": t.lr,
+            "warmup_steps": t.warmup_steps, "dtype": t.dtype, "optimizer": t.optimizer, "data_dir": t.data_dir}
 
 
 def gate_costs(cfg: ReproduceConfig, data: TokenData, variants: list[str]) -> dict[str, dict[str, int]]:
     """Per attention layer of this run's model: parameters and FLOPs, total and of the gate."""
     costs = {}
     for v in dict.fromkeys(variants):
-        attention = cfg.train_config(v, 0, steps=10, out_dir="unused").model_config(data.vocab_size).attention
-        c = cost(attention, cfg.seq_len)
+        attention = cfg.train_config(v, 0, steps=10).model_config(data.vocab_size).attention
+        c = cost(attention, cfg.train.seq_len)
         costs[v] = {"gate_params": c.params["gate"], "gate_flops": c.flops["gate"],
                     "params": c.total_params, "flops": c.total_flops}
     return costs
@@ -375,13 +413,3 @@ def lr_study(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -
             r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
             runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
     return {"steps": steps, "runs": runs}
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj

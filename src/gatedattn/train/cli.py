@@ -15,14 +15,12 @@ import json
 import sys
 import textwrap
 
-from gatedattn.errors import GatedAttnError
-from gatedattn.train.config import TrainConfig, settable_keys
+from gatedattn.settings import help_text, parse_list
+from gatedattn.train.config import TrainConfig
 
 
 def _keys_epilog() -> str:
-    keys = textwrap.fill(", ".join(settable_keys()), width=90, initial_indent="  ", subsequent_indent="  ")
-    return ("--set keys (TrainConfig fields; model.*, attention.*, gate.*, rope.* change the model):\n" + keys
-            + "\nbooleans: true/false; betas: 0.9,0.95; optional values: none")
+    return help_text(TrainConfig)
 
 
 def _base(args) -> dict:
@@ -52,31 +50,22 @@ def _is_main() -> bool:
 
 
 def _train(args) -> int:
-    from gatedattn.train.loop import _json_safe, train
+    from gatedattn.io import json_safe
+    from gatedattn.train.loop import train
 
     cfg = TrainConfig.from_sets(_base(args), args.set)
     result = train(cfg, resume=args.resume)
     if _is_main():
-        print(json.dumps(_json_safe(result.to_dict()), indent=2) if args.json else _summary_line(result))
+        print(json.dumps(json_safe(result.to_dict()), indent=2) if args.json else _summary_line(result))
     return 0
-
-
-def _list(text: str, kind: type, flag: str) -> list:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise GatedAttnError(f"{flag}: expected a comma-separated list, got {text!r}")
-    try:
-        return [kind(t) for t in items]
-    except ValueError:
-        raise GatedAttnError(f"{flag} {text!r}: every item must be {'a number' if kind is float else 'an integer'}") from None
 
 
 def _sweep(args) -> int:
     from gatedattn.train.sweep import SWEEP_MD, sweep
 
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    lrs = _list(args.lr, float, "--lr")
-    seeds = _list(args.seeds, int, "--seeds") if args.seeds else None
+    variants = parse_list(args.variants, str, "--variants")
+    lrs = parse_list(args.lr, float, "--lr")
+    seeds = parse_list(args.seeds, int, "--seeds") if args.seeds else None
     base = TrainConfig.from_sets(_base(args) | {"variant": variants[0] if variants else "baseline"}, args.set)
     rows = sweep(base, variants, lrs, seeds, resume=args.resume)
     if _is_main():

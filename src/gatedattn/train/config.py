@@ -1,10 +1,11 @@
 """``TrainConfig``: everything one training run needs, validated on construction.
 
-A run is named by its attention ``variant`` and model size ``preset`` plus optional model
-overrides (dotted keys ``model.*``, ``attention.*``, ``gate.*``, ``rope.*``), the data
-directory, the batch geometry and the optimiser settings. ``--set KEY=VALUE`` on the
-command line takes the field names of ``TrainConfig`` and those dotted model keys;
-values are parsed by the field's type (:func:`parse_sets`).
+The config is a tree: ``TrainConfig`` holds the run's settings and a ``ModelRecipe``
+(``model``): a size preset, an attention variant and overrides of the model, attention,
+gate and RoPE fields, which builds the ``ModelConfig`` once the data gives the vocabulary.
+Every field is documented once, where it is declared (``option(help=...)``); the
+command line's ``--set`` keys and their help are generated from this tree
+(:mod:`gatedattn.settings`).
 
 The global batch is ``micro_batch * grad_accum * world_size`` rows of ``seq_len`` tokens
 (plus the BOS column the data adds); ``world_size`` is the number of data-parallel
@@ -14,11 +15,9 @@ processes (1 without ``torchrun``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import functools
 import math
 import os
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,21 +27,13 @@ from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
 from gatedattn.errors import ConfigError, check_choice
 from gatedattn.model import SIZE_PRESETS, ModelConfig
 from gatedattn.precision import DTYPES
+from gatedattn.settings import apply_sets, option, parse_value, resolve, settings
 from gatedattn.variants import VARIANTS
 
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("auto", "cpu", "cuda")
-
-# Model keys settable with --set: group -> fields. The model's shape (d_model, heads)
-# comes from the size preset; vocab and BOS/EOS come from the data directory.
-MODEL_KEYS: dict[str, tuple[str, ...]] = {
-    "model": ("n_layers", "ffn_dim", "max_seq_len", "tie_embeddings", "norm_eps", "init_std"),
-    "attention": ("kv", "qk_norm", "qkv_bias", "norm_eps", "head_transform", "sink", "kernel"),
-    "gate": tuple(f.name for f in dataclasses.fields(GateConfig)),
-    "rope": tuple(f.name for f in dataclasses.fields(RopeConfig)),
-}
-_MODEL_KEY_OWNERS = {"model": ModelConfig, "attention": AttentionConfig, "gate": GateConfig, "rope": RopeConfig}
+OVERRIDE_GROUPS = {"lm": ModelConfig, "attention": AttentionConfig, "gate": GateConfig, "rope": RopeConfig}
 
 # Fields that may change between an interrupted run and its resumption (how long to
 # train, how often to log/evaluate/save, where the data lives, cosmetic options). Every
@@ -62,68 +53,144 @@ def _is_number(v: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class ModelRecipe:
+    """How to build the model of a run: a size preset, an attention variant, and changes to
+    the fields of ``ModelConfig`` (``lm``), ``AttentionConfig``, ``GateConfig`` and
+    ``RopeConfig``. The shape (width, heads) comes from the size; the vocabulary and the
+    BOS/EOS tokens from the data (:meth:`build`)."""
+
+    size: str = option("tiny", help="model size preset: " + ", ".join(SIZE_PRESETS))
+    variant: str = option("baseline", help="attention preset (see `gatedattn variants`)")
+    lm: dict[str, Any] = option({}, overrides=ModelConfig, flatten=True, help="changes to the ModelConfig fields")
+    attention: dict[str, Any] = option({}, overrides=AttentionConfig, help="changes to the AttentionConfig fields")
+    gate: dict[str, Any] = option({}, overrides=GateConfig, help="changes to the variant's GateConfig")
+    rope: dict[str, Any] = option({}, overrides=RopeConfig, help="changes to the RopeConfig fields")
+
+    def __post_init__(self) -> None:
+        if self.size not in SIZE_PRESETS:  # the size preset (--preset on the command line)
+            raise ConfigError(f"ModelRecipe.size: preset={self.size!r} is not allowed; choose one of "
+                              f"{', '.join(repr(p) for p in SIZE_PRESETS)}")
+        check_choice("ModelRecipe", "variant", self.variant, tuple(VARIANTS))
+        for group, owner in OVERRIDE_GROUPS.items():
+            object.__setattr__(self, group, _checked_overrides(group, owner, getattr(self, group)))
+        if self.gate and not has_gate(self.variant):
+            raise ConfigError(f"ModelRecipe.gate={self.gate} cannot apply: variant {self.variant!r} has no gate")
+        self.build(vocab_size=256, max_seq_len=None)  # every override applies (fails now, not in a run)
+
+    def build(self, vocab_size: int, max_seq_len: int | None, bos_token_id: int | None = None,
+              eos_token_id: int | None = None) -> ModelConfig:
+        """The ``ModelConfig`` for a vocabulary; ``max_seq_len`` is the context unless
+        ``lm`` sets it (None: 256)."""
+        lm = dict(self.lm)
+        max_len = lm.pop("max_seq_len", max_seq_len or 256)
+        attention = dict(self.attention)
+        if self.gate:
+            attention["gate_fields"] = dict(self.gate)
+        if self.rope:
+            attention["rope"] = RopeConfig(**{"theta": 10000.0, "original_max_len": max_len, **self.rope})
+        try:
+            cfg = ModelConfig.from_preset(
+                self.size, self.variant, vocab_size=vocab_size, max_seq_len=max_len,
+                attention_fields=attention, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+            )
+            return cfg.replace(**lm) if lm else cfg
+        except TypeError as e:  # a field the preset sets itself
+            raise ConfigError(f"model overrides {self.overrides()} do not apply: {e}") from None
+
+    def overrides(self) -> dict[str, Any]:
+        """The changes as ``{"gate.activation": "silu", "n_layers": 3, ...}``."""
+        return {(f"{g}." if g != "lm" else "") + k: v for g in OVERRIDE_GROUPS for k, v in getattr(self, g).items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "variant": self.variant,
+                **{g: dict(getattr(self, g)) for g in OVERRIDE_GROUPS}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelRecipe":
+        return _build(cls, data)
+
+
+def has_gate(variant: str) -> bool:
+    """Whether the attention preset ``variant`` has a gate (so ``gate`` overrides apply)."""
+    return VARIANTS[variant].make(64).get("gate") is not None
+
+
+def _checked_overrides(group: str, owner: type, values: Any) -> dict[str, Any]:
+    """``values`` checked against the settable fields of ``owner`` (strings parsed by type)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"ModelRecipe.{group} must be a dict of {owner.__name__} fields, got {type(values).__name__}")
+    known = {s.path[-1]: s for s in settings(owner)}
+    out = {}
+    for name, value in values.items():
+        if name not in known:
+            raise ConfigError(f"ModelRecipe.{group} has no settable field {name!r}; fields are: {', '.join(known)}")
+        typ = known[name].type
+        out[name] = parse_value(value, typ, f"{group}.{name}") if isinstance(value, str) and typ is not str else value
+    return out
+
+
+def _build(cls: type, data: dict[str, Any]):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{cls.__name__} has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """One training run. Every field is checked in ``__post_init__``.
 
     ``steps`` optimizer updates of ``micro_batch * grad_accum * world_size`` sequences of
-    ``seq_len`` tokens each; ``max_tokens`` (when set) replaces ``steps`` by the number of
-    steps that covers that many tokens. The learning rate warms up linearly over
-    ``warmup_steps`` to ``lr``, then decays (``schedule``) to ``lr * min_lr_ratio`` at the
-    last step. ``grad_clip`` 0 disables clipping. ``optimizer="muon"`` uses
-    ``torch.optim.Muon`` for the 2-D hidden matrices (projections inside the blocks) and
-    AdamW for embeddings, norms, gains, static gates and sinks.
+    ``seq_len`` tokens each. A run stops early as *diverged* by the rule of
+    :meth:`gatedattn.train.trainer.Trainer.stop_reason`. ``data_dir`` and ``out_dir`` may be
+    None for a config that only builds a model or times a step; ``train`` needs both.
 
-    ``eval_every`` / ``ckpt_every`` / ``log_every`` are in steps (0: only at the start
-    and end for evaluation, only at the end for checkpoints). ``spike_margin`` and
-    ``spike_window``: a step is a loss spike when its loss is above the median of the
-    previous ``spike_window`` losses by ``spike_margin`` (relative, 0.2 = 20 %), as
-    :func:`gatedattn.analysis.loss_spikes`. A run stops early as *diverged* when its
-    loss is non-finite (unless ``skip_nonfinite``, which skips that update instead) or
-    above ``diverge_factor`` times the first step's loss.
-
-    ``overfit_batches`` > 0 cycles through the first that many batches (a check that
-    the model can memorise). ``stop_at_step`` ends this invocation after that step with
-    a checkpoint, so ``resume`` continues it.
+    ``TrainConfig(variant=..., preset=..., model_overrides={"gate.activation": ...})``
+    are shorthands for the fields of ``model`` (a :class:`ModelRecipe`).
     """
 
-    data_dir: str
-    out_dir: str
-    variant: str = "baseline"
-    preset: str = "tiny"
-    model_overrides: dict[str, Any] = field(default_factory=dict)
-    seq_len: int = 256
-    micro_batch: int = 16
-    grad_accum: int = 1
-    steps: int = 1000
-    max_tokens: int | None = None
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    schedule: str = "cosine"
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    optimizer: str = "adamw"
-    muon_momentum: float = 0.95
-    dtype: str = "auto"
-    compile: bool = False
-    device: str = "auto"
-    seed: int = 0
-    eval_every: int = 100
-    eval_batches: int = 8
-    ckpt_every: int = 500
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    skip_nonfinite: bool = False
-    spike_margin: float = 0.2
-    spike_window: int = 50
-    diverge_factor: float = 2.0
-    overfit_batches: int = 0
-    stop_at_step: int | None = None
-    fsdp: bool = False
-    progress: bool = True
-    tensorboard: bool = True
+    data_dir: str | None = option(None, help="a directory written by `gatedattn data prepare`")
+    out_dir: str | None = option(None, help="the run directory")
+    model: ModelRecipe = field(default_factory=ModelRecipe, metadata={"help": "the model to build"})
+    seq_len: int = option(256, help="tokens per training sequence (the context)")
+    micro_batch: int = option(16, help="sequences per forward pass")
+    grad_accum: int = option(1, help="micro-batches per optimizer step")
+    steps: int = option(1000, help="optimizer steps")
+    max_tokens: int | None = option(None, help="train this many tokens instead (replaces steps)")
+    lr: float = option(1e-3, help="peak learning rate")
+    min_lr_ratio: float = option(0.1, help="final learning rate as a fraction of lr")
+    warmup_steps: int = option(100, help="linear warm-up steps")
+    schedule: str = option("cosine", help="decay after warm-up: " + ", ".join(SCHEDULES))
+    weight_decay: float = option(0.1, help="AdamW weight decay (matrices and embeddings only)")
+    betas: tuple[float, float] = option((0.9, 0.95), help="AdamW betas")
+    eps: float = option(1e-8, help="AdamW epsilon")
+    grad_clip: float = option(1.0, help="clip the gradient norm to this (0: no clipping)")
+    optimizer: str = option("adamw", help="adamw, or muon (torch.optim.Muon for hidden matrices, AdamW for "
+                                          "the rest)")
+    muon_momentum: float = option(0.95, help="Muon momentum")
+    dtype: str = option("auto", help="auto (bf16 autocast where the device computes bf16 natively, else "
+                                     "fp32), fp32 or bf16")
+    compile: bool = option(False, help="torch.compile the model")
+    device: str = option("auto", help="auto (CUDA when available), cpu or cuda")
+    seed: int = option(0, help="seed of the initial weights and of the data order")
+    eval_every: int = option(100, help="evaluate every this many steps (0: at the start and end only)")
+    eval_batches: int = option(8, help="validation batches per evaluation")
+    ckpt_every: int = option(500, help="checkpoint every this many steps (0: at the end only)")
+    keep_checkpoints: int = option(2, help="keep the newest this many checkpoints (0: all)")
+    log_every: int = option(10, help="log a training record every this many steps")
+    skip_nonfinite: bool = option(False, help="skip an update with a non-finite loss or gradient instead of "
+                                              "stopping (10 in a row: diverged)")
+    spike_margin: float = option(0.2, help="a loss spike is a loss above the running median by this "
+                                           "fraction")
+    spike_window: int = option(50, help="steps in the running median of the spike rule")
+    diverge_factor: float = option(2.0, help="diverged when the loss exceeds this times the first loss")
+    overfit_batches: int = option(0, help="cycle through this many batches (> 0: a memorisation check)")
+    stop_at_step: int | None = option(None, help="end this invocation after this step with a checkpoint "
+                                                 "(resume continues)")
+    fsdp: bool = option(False, help="shard parameters with FSDP2 under torchrun (else DDP)")
+    progress: bool = option(True, help="show a progress bar")
+    tensorboard: bool = option(True, help="write TensorBoard event files")
 
     def __post_init__(self) -> None:
         own = "TrainConfig"
@@ -131,13 +198,10 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, os.PathLike):
                 object.__setattr__(self, name, os.fspath(value))
-            elif not isinstance(value, str) or not value:
-                raise ConfigError(f"{own}.{name}={value!r} must be a non-empty path")
-        check_choice(own, "variant", self.variant, tuple(VARIANTS))
-        check_choice(own, "preset", self.preset, tuple(SIZE_PRESETS))
-        if not isinstance(self.model_overrides, dict):
-            raise ConfigError(f"{own}.model_overrides must be a dict of dotted model keys, got {type(self.model_overrides).__name__}")
-        object.__setattr__(self, "model_overrides", {k: _check_model_key(k, v) for k, v in self.model_overrides.items()})
+            elif value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{own}.{name}={value!r} must be a non-empty path or None")
+        if not isinstance(self.model, ModelRecipe):
+            raise ConfigError(f"{own}.model must be a ModelRecipe, got {type(self.model).__name__}")
 
         def integer(name: str, low: int, none_ok: bool = False) -> None:
             v = getattr(self, name)
@@ -226,163 +290,96 @@ class TrainConfig:
             return max(1, math.ceil(self.max_tokens / self.tokens_per_step(world_size)))
         return self.steps
 
+    @property
+    def variant(self) -> str:
+        return self.model.variant
+
+    @property
+    def preset(self) -> str:
+        return self.model.size
+
     def model_config(self, vocab_size: int, bos_token_id: int | None = None,
                      eos_token_id: int | None = None) -> ModelConfig:
         """The ``ModelConfig`` of this run for a vocabulary (from the data directory)."""
-        groups: dict[str, dict[str, Any]] = {g: {} for g in MODEL_KEYS}
-        for key, value in self.model_overrides.items():
-            group, name = key.split(".", 1)
-            groups[group][name] = value
-        max_seq_len = groups["model"].pop("max_seq_len", self.seq_len)
-        attention = dict(groups["attention"])
-        if groups["gate"]:
-            attention["gate_fields"] = groups["gate"]
-        if groups["rope"]:
-            attention["rope"] = RopeConfig(**{"theta": 10000.0, "original_max_len": max_seq_len, **groups["rope"]})
-        try:
-            cfg = ModelConfig.from_preset(
-                self.preset, self.variant, vocab_size=vocab_size, max_seq_len=max_seq_len,
-                attention_fields=attention, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-            )
-            return cfg.replace(**groups["model"]) if groups["model"] else cfg
-        except TypeError as e:  # a field the preset sets itself
-            raise ConfigError(f"model overrides {sorted(self.model_overrides)} do not apply: {e}") from None
+        return self.model.build(vocab_size, self.seq_len, bos_token_id, eos_token_id)
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["model"] = self.model.to_dict()
         d["betas"] = list(self.betas)
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"TrainConfig has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
-        data = dict(data)
+        """Inverse of ``to_dict``; also reads the flat form written before the model recipe
+        (``variant``, ``preset``, ``model_overrides``), so older runs resume."""
+        data = upgrade_dict(data)
         if isinstance(data.get("betas"), list):
             data["betas"] = tuple(data["betas"])
-        return cls(**data)
+        if isinstance(data.get("model"), dict):
+            data["model"] = ModelRecipe.from_dict(data["model"])
+        return _build(cls, data)
 
     @classmethod
     def from_sets(cls, base: dict[str, Any], sets: list[str] | tuple[str, ...] = ()) -> "TrainConfig":
-        """``TrainConfig(**base)`` with ``KEY=VALUE`` strings applied (see :func:`parse_sets`)."""
-        fields, overrides = parse_sets(sets)
-        merged = {**base, **fields}
-        if overrides:
-            merged["model_overrides"] = {**merged.get("model_overrides", {}), **overrides}
-        return cls(**merged)
+        """``TrainConfig(**base)`` with ``KEY=VALUE`` strings applied (:func:`gatedattn.settings.apply_sets`)."""
+        return apply_sets(cls(**base), sets)
 
 
-# ---------------------------------------------------------------------------- --set parsing
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
+
+
+def upgrade_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``TrainConfig.to_dict()`` of the flat form (``variant``, ``preset``,
+    ``model_overrides`` as top-level fields) in the current form; other dicts unchanged."""
+    if not any(k in data for k in _SHORTHANDS):
+        return dict(data)
+    data = dict(data)
+    recipe = _recipe_dict(data.get("model"), data.pop("variant", None), data.pop("preset", None),
+                          data.pop("model_overrides", None))
+    data["model"] = recipe
+    return data
+
+
+_SHORTHANDS = ("variant", "preset", "model_overrides")
+
+
+def _recipe_dict(model: Any, variant: str | None, preset: str | None, overrides: dict | None) -> dict[str, Any]:
+    recipe = model.to_dict() if isinstance(model, ModelRecipe) else dict(model or ModelRecipe().to_dict())
+    if variant is not None:
+        recipe["variant"] = variant
+    if preset is not None:
+        recipe["size"] = preset
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ConfigError(f"TrainConfig.model_overrides must be a dict of dotted model keys, got {type(overrides).__name__}")
+    known = settings(TrainConfig)
+    for key, value in (overrides or {}).items():
+        s = resolve(str(key), known)
+        if s.path[0] != "model":
+            raise ConfigError(f"model_overrides key {key!r} is not a model key")
+        group = recipe[s.path[1]] = dict(recipe.get(s.path[1]) or {})
+        group[s.path[2]] = value
+    return recipe
+
+
+def _with_shorthands(init):
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        short = {k: kw.pop(k) for k in _SHORTHANDS if k in kw}
+        if short:
+            recipe = _recipe_dict(kw.get("model"), short.get("variant"), short.get("preset"), short.get("model_overrides"))
+            kw["model"] = ModelRecipe.from_dict(recipe)
+        init(self, *args, **kw)
+
+    return __init__
+
+
+TrainConfig.__init__ = _with_shorthands(TrainConfig.__init__)
 
 
 def settable_keys() -> list[str]:
-    """Every key ``--set`` accepts: TrainConfig fields, then dotted model keys."""
-    train = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "model_overrides"]
-    model = [f"{g}.{n}" for g, names in MODEL_KEYS.items() for n in names]
-    return train + model
-
-
-def _unknown_key(key: str) -> ConfigError:
-    keys = settable_keys()
-    close = difflib.get_close_matches(key, keys, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ConfigError(f"unknown --set key {key!r}{hint}; valid keys: {', '.join(keys)}")
-
-
-def _field_type(owner: type, name: str) -> Any:
-    return typing.get_type_hints(owner)[name]
-
-
-def parse_value(text: str, typ: Any, key: str) -> Any:
-    """Parse the string ``text`` as a value of type ``typ`` (bool, int, float, str, tuples
-    of floats, ``X | None``); a bad value names the key and the expected type. ``typ``
-    may also be a string annotation such as ``"int | None"``."""
-    if isinstance(typ, str):
-        names = {"int": int, "float": float, "bool": bool, "str": str, "tuple": tuple, "dict": dict,
-                 "list": list, "Any": Any, "None": None}
-        try:
-            typ = eval(typ, {"__builtins__": {}}, names)  # noqa: S307 (a fixed namespace of type names)
-        except Exception:
-            raise ConfigError(f"--set {key}: values of type {typ} cannot be set from the command line") from None
-    origin = typing.get_origin(typ)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if text.strip().lower() in ("none", "null"):
-            return None
-        if len(args) == 1:
-            return parse_value(text, args[0], key)
-    s = text.strip()
-    if typ is bool:
-        if s.lower() in _TRUE:
-            return True
-        if s.lower() in _FALSE:
-            return False
-        raise ConfigError(f"--set {key}={text!r}: expected true or false")
-    if typ is int:
-        try:
-            return int(s)
-        except ValueError:
-            try:
-                f = float(s)
-            except ValueError:
-                f = math.nan
-            if math.isfinite(f) and f.is_integer():
-                return int(f)
-            raise ConfigError(f"--set {key}={text!r}: expected an integer") from None
-    if typ is float:
-        try:
-            return float(s)
-        except ValueError:
-            raise ConfigError(f"--set {key}={text!r}: expected a number") from None
-    if typ is str:
-        return s
-    if origin is tuple:
-        parts = [p for p in s.split(",")]
-        elem = typing.get_args(typ)
-        if len(parts) != len(elem):
-            raise ConfigError(f"--set {key}={text!r}: expected {len(elem)} comma-separated values")
-        return tuple(parse_value(p, t, key) for p, t in zip(parts, elem))
-    raise ConfigError(f"--set {key}: values of type {typ} cannot be set from the command line")
-
-
-def parse_sets(sets: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``["lr=3e-3", "gate.activation=silu"]`` -> (TrainConfig fields, model overrides)."""
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model_overrides"}
-    fields: dict[str, Any] = {}
-    overrides: dict[str, Any] = {}
-    for item in sets:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        if key in train_fields:
-            fields[key] = parse_value(text, _field_type(TrainConfig, key), key)
-        elif "." in key:
-            group, name = key.split(".", 1)
-            if name not in MODEL_KEYS.get(group, ()):
-                raise _unknown_key(key)
-            overrides[key] = parse_value(text, _field_type(_MODEL_KEY_OWNERS[group], name), key)
-        else:
-            raise _unknown_key(key)
-    return fields, overrides
-
-
-def _check_model_key(key: Any, value: Any) -> Any:
-    """Validate one ``model_overrides`` entry given in Python (type and key)."""
-    if not isinstance(key, str) or "." not in key:
-        raise _unknown_key(str(key))
-    group, name = key.split(".", 1)
-    if name not in MODEL_KEYS.get(group, ()):
-        raise _unknown_key(key)
-    typ = _field_type(_MODEL_KEY_OWNERS[group], name)
-    if isinstance(value, str) and typ is not str:
-        return parse_value(value, typ, key)
-    return value
+    """Every key ``--set`` accepts for a training run."""
+    return [s.key for s in settings(TrainConfig)]
 
 
 def config_diff(a: Any, b: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
@@ -408,3 +405,12 @@ def lookup(d: Any, path: tuple[str, ...]) -> Any:
             return "<absent>"
         d = d[part]
     return d
+
+
+def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["lr=3e-3", "gate.activation=silu"]`` -> ``{"lr": 0.003, "model.gate.activation": "silu"}``
+    (full keys; values parsed by type)."""
+    from gatedattn.settings import parse_sets as parse_paths
+
+    by_path = {s.path: s.key for s in settings(TrainConfig)}
+    return {by_path[path]: value for path, value in parse_paths(TrainConfig, sets).items()}

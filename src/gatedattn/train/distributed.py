@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gatedattn.device import resolve_device
 from gatedattn.errors import ConfigError, GatedAttnError
 
 
@@ -37,11 +38,10 @@ class DistEnv:
 
 
 def pick_device(pref: str, local_rank: int = 0) -> torch.device:
+    """``TrainConfig.device`` on this rank (:func:`gatedattn.device.resolve_device`)."""
     if pref == "cuda" and not torch.cuda.is_available():
         raise ConfigError("TrainConfig.device='cuda' but CUDA is not available; use 'auto' or 'cpu'")
-    if pref in ("auto", "cuda") and torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+    return resolve_device(pref, local_rank)
 
 
 def setup(device_pref: str = "auto") -> DistEnv:

@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterable
 
-from gatedattn.io import atomic_write_text
+from gatedattn.io import atomic_write_text, json_safe, read_jsonl
 
 JSONL = "metrics.jsonl"
 CSV = "metrics.csv"
@@ -31,26 +31,13 @@ CSV_FIRST = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "elaps
              "skipped_steps", "val_loss", "val_ppl")
 
 
-def _json_value(v: Any) -> Any:
-    """Non-finite floats as strings ("nan", "inf"), which JSON cannot hold."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
-
-
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl``; a torn last line (crash mid-write) is dropped."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and "step" in rec:
-            records.append(rec)
-    return records
+    """The records of a ``metrics.jsonl`` (a run directory's, or the file itself); a torn
+    last line (crash mid-write) is dropped. Non-finite numbers read back as None."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / JSONL
+    return [rec for rec in read_jsonl(path) if "step" in rec]
 
 
 class MetricsLog:
@@ -78,7 +65,7 @@ class MetricsLog:
 
     @staticmethod
     def _line(rec: dict[str, Any]) -> str:
-        return json.dumps({k: _json_value(v) for k, v in rec.items()}) + "\n"
+        return json.dumps(json_safe(rec)) + "\n"
 
     def log(self, rec: dict[str, Any]) -> None:
         self.records.append(rec)

@@ -23,7 +23,7 @@ import torch
 from gatedattn.errors import GatedAttnError
 from gatedattn.io import read_json_object
 from gatedattn.io import atomic_write_json
-from gatedattn.train.config import RESUMABLE_FIELDS, config_diff, lookup
+from gatedattn.train.config import RESUMABLE_FIELDS, config_diff, lookup, upgrade_dict
 
 CONFIG = "config.json"
 CODE_VERSION = "code_version"
@@ -56,7 +56,8 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: fro
     """``"train.lr: 0.001 there, 0.003 here"`` for the first differing field (TrainConfig
     fields first, then the resolved model, the data, the world size), else None.
     ``ignore_train`` names TrainConfig fields allowed to differ."""
-    old_t = {k: v for k, v in (old.get("train") or {}).items() if k not in ignore_train}
+    old = {**old, "train": upgrade_dict(old.get("train") or {})}  # a run of the flat, older form
+    old_t = {k: v for k, v in old["train"].items() if k not in ignore_train}
     new_t = {k: v for k, v in new["train"].items() if k not in ignore_train}
     key = config_diff({"train": old_t}, {"train": new_t})
     for part in ("model", "data", "world_size"):
@@ -117,6 +118,14 @@ def code_version() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         pass
     return {"git_commit": commit, "git_dirty": dirty, "gatedattn_version": getattr(gatedattn, "__version__", None)}
+
+
+def describe_code_version(version: dict[str, Any]) -> str:
+    """``code_version()`` in words: ``"commit abc1234 + local changes"``."""
+    commit = version.get("git_commit")
+    if not commit:
+        return "unknown commit"
+    return f"commit {commit[:7]}{' + local changes' if version.get('git_dirty') else ''}"
 
 
 def environment(device: torch.device, world_size: int) -> dict[str, Any]:

@@ -9,18 +9,19 @@ rewritten, so an interrupted sweep shows what it has done and ``resume`` continu
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
 from gatedattn.data import TokenData
 from gatedattn.errors import GatedAttnError
+from gatedattn.fmt import fmt_value
 from gatedattn.io import atomic_write_json, atomic_write_text
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
 from gatedattn.train import rundir
 from gatedattn.train.config import TrainConfig
-from gatedattn.train.loop import EvalHook, _check_data, _json_safe, train
+from gatedattn.io import json_safe
+from gatedattn.train.loop import EvalHook, _check_data, train
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -78,12 +79,7 @@ def _row(cfg: TrainConfig, result: dict[str, Any] | None) -> dict[str, Any]:
     return row
 
 
-def _fmt(x: Any, spec: str = ".4f") -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return format(x, spec)
+_fmt = fmt_value
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -124,7 +120,7 @@ def sweep(base: TrainConfig, variants: Sequence[str], lrs: Sequence[float], seed
             results[i] = train(cfg, eval_hook, resume=resume).to_dict()
             if env.is_main:
                 rows = [_row(c, r) for c, r in zip(configs, results)]
-                atomic_write_json(out / SWEEP_JSON, _json_safe({
+                atomic_write_json(out / SWEEP_JSON, json_safe({
                     "variants": list(variants), "lrs": list(lrs), "seeds": list(seeds) if seeds else [base.seed],
                     "base": base.to_dict(), "runs": rows,
                 }))

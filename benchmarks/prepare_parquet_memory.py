@@ -1,0 +1,98 @@
+"""Peak memory of `gatedattn data prepare` on a large Parquet file.
+
+Writes a synthetic Parquet file of about --mb megabytes of text (documents of Zipf-
+distributed pseudo-words, row groups of --row-group rows), then runs
+`gatedattn data prepare --input FILE` in a child process and prints the child's peak
+resident memory next to the input size. Run it at two sizes to see that the peak does
+not grow with the input:
+
+    python benchmarks/prepare_parquet_memory.py --mb 100 400
+
+Everything is written under --work (default: a temporary directory, removed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+CHILD = "import sys; from gatedattn.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def write_parquet(path: Path, mb: int, row_group: int, seed: int = 0) -> tuple[int, int]:
+    """About ``mb`` MB of text in ``path``; returns (documents, text bytes)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = np.array(["".join(rng.choice(letters, size=rng.integers(2, 9))) for _ in range(5000)])
+    p = 1.0 / np.arange(1, len(vocab) + 1)
+    p /= p.sum()
+    target, written, docs = mb * 1_000_000, 0, 0
+    schema = pa.schema([("id", pa.int64()), ("text", pa.string())])
+    with pq.ParquetWriter(path, schema) as writer:
+        while written < target:
+            texts = []
+            for _ in range(row_group):
+                words = vocab[rng.choice(len(vocab), size=int(rng.integers(50, 600)), p=p)]
+                texts.append(" ".join(words.tolist()) + ".")
+            writer.write_table(pa.table({"id": np.arange(docs, docs + len(texts)), "text": texts}, schema=schema))
+            docs += len(texts)
+            written += sum(len(t) for t in texts)
+    return docs, written
+
+
+def run(mb: int, work: Path, vocab_size: int, row_group: int) -> dict:
+    src = work / f"corpus_{mb}mb.parquet"
+    t0 = time.perf_counter()
+    docs, text_bytes = write_parquet(src, mb, row_group)
+    made = time.perf_counter() - t0
+    out = work / f"prepared_{mb}mb"
+    argv = ["data", "prepare", "--input", str(src), "--out", str(out), "--vocab-size", str(vocab_size), "--force"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", CHILD, *argv], check=True)
+    wall = time.perf_counter() - t0
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    manifest = json.loads((out / "manifest.json").read_text())
+    result = {
+        "input_mb": round(src.stat().st_size / 1e6, 1), "text_mb": round(text_bytes / 1e6, 1), "documents": docs,
+        "tokens": manifest["train"]["tokens"] + manifest["val"]["tokens"], "vocab": manifest["vocab_size"],
+        "prepare_s": round(wall, 1), "write_input_s": round(made, 1),
+        # ru_maxrss of children is the largest peak of any child so far; sizes run smallest first
+        "peak_rss_mb": round(peak_kb / 1024, 1), "peak_rss_of_earlier_runs_mb": round(before / 1024, 1),
+    }
+    shutil.rmtree(out)
+    src.unlink()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, nargs="+", default=[400], help="input text sizes in MB (default 400)")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--row-group", type=int, default=2000, help="rows per Parquet row group (default 2000)")
+    parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="gatedattn-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        for mb in sorted(args.mb):
+            print(json.dumps(run(mb, work, args.vocab_size, args.row_group)), flush=True)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

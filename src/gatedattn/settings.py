@@ -1,0 +1,216 @@
+"""``--set KEY=VALUE``: command-line settings generated from a tree of config dataclasses.
+
+Every command that takes ``--set`` walks its root config class (``TrainConfig`` for
+``train``/``sweep``, ``ReproduceConfig`` for ``reproduce``) with :func:`settings`:
+
+- a field whose type is a dataclass is a branch: its fields get the prefix ``name.``;
+- a field with ``metadata["overrides"] = SomeConfig`` holds a dict of changes to
+  ``SomeConfig``: the settable fields of ``SomeConfig`` appear under ``name.``, or
+  directly under the parent's prefix when ``metadata["flatten"]`` is true;
+- ``metadata["set"] = False`` leaves a field out (it comes from elsewhere, e.g. the
+  vocabulary from the data), ``metadata["exclude"]`` leaves out keys below a branch;
+- every other field is a leaf. Its help text is ``metadata["help"]``, written once
+  where the field is declared.
+
+A key may be given in full (``model.gate.activation``) or by any dotted suffix that
+names exactly one key (``gate.activation``), so every command accepts the same short
+keys. Values are parsed by the field's type (:func:`parse_value`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import textwrap
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from gatedattn.errors import ConfigError
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``--set`` key: ``path`` is where its value lives in the config's ``to_dict()``."""
+
+    key: str
+    path: tuple[str, ...]
+    type: Any
+    help: str
+
+
+def _dataclass_of(typ: Any) -> type | None:
+    """The dataclass in ``typ`` (``X`` or ``X | None``), else None."""
+    if dataclasses.is_dataclass(typ):
+        return typ
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(typ) if a is not type(None)]
+        if len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
+            return inner[0]
+    return None
+
+
+def settings(cls: type, prefix: tuple[str, ...] = (), path: tuple[str, ...] = (),
+             exclude: frozenset[str] = frozenset()) -> list[Setting]:
+    """Every settable leaf of the config class ``cls``, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    out: list[Setting] = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if meta.get("set", True) is False:
+            continue
+        sub_exclude = frozenset(meta.get("exclude", ()))
+        target = meta.get("overrides")
+        if target is not None:
+            key_prefix = prefix if meta.get("flatten") else (*prefix, f.name)
+            found = settings(target, key_prefix, (*path, f.name), sub_exclude)
+            out += [s for s in found if len(s.path) == len(path) + 2]  # direct fields only
+        elif _dataclass_of(hints[f.name]) is not None:
+            out += settings(_dataclass_of(hints[f.name]), (*prefix, f.name), (*path, f.name), sub_exclude)
+        else:
+            out.append(Setting(".".join((*prefix, f.name)), (*path, f.name), hints[f.name], meta.get("help", "")))
+    start = len(".".join(prefix)) + 1 if prefix else 0
+    return [s for s in out if s.key[start:] not in exclude]
+
+
+def resolve(key: str, known: list[Setting]) -> Setting:
+    """The setting ``key`` names: an exact key, else the one key ending in ``.key``."""
+    by_key = {s.key: s for s in known}
+    if key in by_key:
+        return by_key[key]
+    matches = [s for s in known if s.key.endswith("." + key)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ConfigError(f"--set key {key!r} is ambiguous; say which: {', '.join(s.key for s in matches)}")
+    names = [s.key for s in known]
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"unknown --set key {key!r}{hint}; valid keys: {', '.join(names)}")
+
+
+def parse_value(text: str, typ: Any, key: str) -> Any:
+    """Parse ``text`` as a value of type ``typ`` (bool, int, float, str, tuples, ``X | None``);
+    a bad value names the key and the expected type."""
+    s = text.strip()
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if s.lower() in ("none", "null"):
+            return None
+        if len(args) == 1:
+            return parse_value(text, args[0], key)
+    if typ is bool:
+        return _parse_bool(s, key)
+    if typ is int:
+        return _parse_int(s, key)
+    if typ is float:
+        try:
+            return float(s)
+        except ValueError:
+            raise ConfigError(f"--set {key}={text!r}: expected a number") from None
+    if typ is str:
+        return s
+    if typing.get_origin(typ) is tuple:
+        return _parse_tuple(s, typ, key)
+    raise ConfigError(f"--set {key}: values of type {typ} cannot be set from the command line")
+
+
+def _parse_bool(s: str, key: str) -> bool:
+    if s.lower() in _TRUE:
+        return True
+    if s.lower() in _FALSE:
+        return False
+    raise ConfigError(f"--set {key}={s!r}: expected true or false")
+
+
+def _parse_int(s: str, key: str) -> int:
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        f = float(s)
+    except ValueError:
+        f = math.nan
+    if math.isfinite(f) and f.is_integer():
+        return int(f)
+    raise ConfigError(f"--set {key}={s!r}: expected an integer")
+
+
+def _parse_tuple(s: str, typ: Any, key: str) -> tuple:
+    elem = typing.get_args(typ)
+    parts = [p for p in s.split(",") if p.strip()] if s else []
+    if len(elem) == 2 and elem[1] is Ellipsis:  # tuple[X, ...]: any length
+        if not parts:
+            raise ConfigError(f"--set {key}={s!r}: expected a comma-separated list")
+        return tuple(parse_value(p, elem[0], key) for p in parts)
+    if len(parts) != len(elem):
+        raise ConfigError(f"--set {key}={s!r}: expected {len(elem)} comma-separated values")
+    return tuple(parse_value(p, t, key) for p, t in zip(parts, elem))
+
+
+def parse_list(text: str, kind: type, flag: str) -> list:
+    """A comma-separated list of ``kind`` (``--lr 1e-3,3e-3``); an empty or bad list
+    names the flag."""
+    return list(parse_value(text, tuple[kind, ...], flag))
+
+
+def option(default: Any = dataclasses.MISSING, *, help: str, **meta: Any) -> Any:
+    """A dataclass field with its ``--set`` help (and other ``meta``) declared in place;
+    a mutable ``default`` (dict) is copied per instance."""
+    metadata = {"help": help, **meta}
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=lambda: dict(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def split_item(item: str) -> tuple[str, str]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+    return key, text
+
+
+def parse_sets(cls: type, items: list[str] | tuple[str, ...]) -> dict[tuple[str, ...], Any]:
+    """``["lr=3e-3", "gate.activation=silu"]`` -> ``{path: value}`` for config class ``cls``."""
+    known = settings(cls)
+    out: dict[tuple[str, ...], Any] = {}
+    for item in items:
+        key, text = split_item(item)
+        s = resolve(key, known)
+        out[s.path] = parse_value(text, s.type, s.key)
+    return out
+
+
+def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A copy of the nested dict ``tree`` with ``tree[path[0]]...[path[-1]] = value``."""
+    head, *rest = path
+    out = dict(tree)
+    out[head] = set_path(dict(out.get(head) or {}), tuple(rest), value) if rest else value
+    return out
+
+
+def apply_sets(cfg: Any, items: list[str] | tuple[str, ...]) -> Any:
+    """``cfg`` (a config with ``to_dict``/``from_dict``) with ``KEY=VALUE`` items applied."""
+    tree = cfg.to_dict()
+    for path, value in parse_sets(type(cfg), items).items():
+        tree = set_path(tree, path, value)
+    return type(cfg).from_dict(tree)
+
+
+def help_text(cls: type, width: int = 90) -> str:
+    """The ``--set`` keys of ``cls`` with their help, for an argparse epilog."""
+    lines = ["--set KEY=VALUE keys (a key may be shortened to any unique dotted suffix, "
+             "e.g. gate.activation):"]
+    for s in settings(cls):
+        lines.append(f"  {s.key}")
+        if s.help:
+            lines.append(textwrap.fill(s.help, width=width, initial_indent="      ", subsequent_indent="      "))
+    lines.append("values: booleans true/false; pairs and lists comma-separated (0.9,0.95); optional values: none")
+    return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""Every ``--set`` key of every command reaches what it names, and the grammar is shared."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gatedattn.cli import main
+from gatedattn.errors import ConfigError
+from gatedattn.reproduce import ReproduceConfig
+from gatedattn.settings import apply_sets, help_text, settings
+from gatedattn.train import TrainConfig
+
+# One valid, non-default value per training key (relative to TrainConfig), as typed on the
+# command line, and the value it must become. A key missing here fails the walk below.
+TRAIN_VALUES = {
+    "data_dir": ("d2", "d2"), "out_dir": ("o2", "o2"),
+    "model.size": ("tiny", "tiny"), "model.variant": ("hyga", "hyga"),
+    "model.n_layers": ("3", 3), "model.ffn_dim": ("100", 100), "model.max_seq_len": ("64", 64),
+    "model.tie_embeddings": ("false", False), "model.norm_eps": ("1e-5", 1e-5), "model.init_std": ("0.03", 0.03),
+    "model.attention.kv": ("mla", "mla"), "model.attention.qk_norm": ("false", False),
+    "model.attention.qkv_bias": ("true", True), "model.attention.o_bias": ("true", True),
+    "model.attention.norm_eps": ("1e-5", 1e-5), "model.attention.head_transform": ("rmsnorm", "rmsnorm"),
+    "model.attention.sink": ("true", True), "model.attention.kernel": ("reference", "reference"),
+    "model.gate.position": ("g5", "g5"), "model.gate.granularity": ("headwise", "headwise"),
+    "model.gate.shared": ("true", True), "model.gate.activation": ("silu", "silu"),
+    "model.gate.combine": ("add", "add"), "model.gate.source": ("static", "static"),
+    "model.gate.rank": ("8", 8), "model.gate.bias": ("true", True), "model.gate.h_dim": ("8", 8),
+    "model.gate.fusion": ("multiply", "multiply"), "model.gate.cross_head": ("true", True),
+    "model.rope.theta": ("5e5", 5e5), "model.rope.fraction": ("0.5", 0.5), "model.rope.scaling": ("yarn", "yarn"),
+    "model.rope.factor": ("2", 2.0), "model.rope.original_max_len": ("128", 128),
+    "model.rope.beta_fast": ("40", 40.0), "model.rope.beta_slow": ("2", 2.0),
+    "seq_len": ("48", 48), "micro_batch": ("3", 3), "grad_accum": ("2", 2), "steps": ("7", 7),
+    "max_tokens": ("1000", 1000), "lr": ("2e-3", 2e-3), "min_lr_ratio": ("0.5", 0.5), "warmup_steps": ("3", 3),
+    "schedule": ("linear", "linear"), "weight_decay": ("0.01", 0.01), "betas": ("0.8,0.9", (0.8, 0.9)),
+    "eps": ("1e-6", 1e-6), "grad_clip": ("0.5", 0.5), "optimizer": ("muon", "muon"),
+    "muon_momentum": ("0.9", 0.9), "dtype": ("bf16", "bf16"), "compile": ("true", True), "device": ("cpu", "cpu"),
+    "seed": ("5", 5), "eval_every": ("9", 9), "eval_batches": ("2", 2), "ckpt_every": ("11", 11),
+    "keep_checkpoints": ("5", 5), "log_every": ("4", 4), "skip_nonfinite": ("true", True),
+    "spike_margin": ("0.3", 0.3), "spike_window": ("20", 20), "diverge_factor": ("3", 3.0),
+    "overfit_batches": ("2", 2), "stop_at_step": ("2", 2), "fsdp": ("true", True), "progress": ("false", False),
+    "tensorboard": ("false", False),
+}
+REPRODUCE_VALUES = {
+    "variants": ("gated,hyga", ("gated", "hyga")), "seeds": ("2", 2), "budget_minutes": ("5", 5.0),
+    "steps": ("none", None), "out_dir": ("r2", "r2"), "evals": ("3", 3), "analysis_sequences": ("16", 16),
+    "multiples": ("1,3", (1, 3)), "study": ("lr", "lr"), "lrs": ("1e-3,1e-2", (1e-3, 1e-2)),
+}
+# a key that is only valid together with another setting
+NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"]}
+REPRODUCE_NEEDS = {"budget_minutes": ["steps=none"], "steps": ["budget_minutes=5"]}
+
+
+def _model_target(model_cfg, path: tuple[str, ...]):
+    """Where a ``model.*`` setting lands in the built ModelConfig."""
+    group, name = path[1], path[-1]
+    if group == "size":
+        return model_cfg.n_layers, {"tiny": 4}["tiny"]
+    if group == "variant":
+        return model_cfg.variant, None
+    owner = {"lm": model_cfg, "attention": model_cfg.attention, "gate": model_cfg.attention.gate,
+             "rope": model_cfg.attention.rope}[group]
+    return getattr(owner, name), None
+
+
+def _check_train_key(cfg: TrainConfig, key: str, path: tuple[str, ...], expected) -> None:
+    if path[0] != "model":
+        assert getattr(cfg, path[0]) == expected, key  # the trainer reads TrainConfig's field
+        return
+    model_cfg = cfg.model_config(vocab_size=300)  # what the trainer builds
+    got, special = _model_target(model_cfg, path)
+    assert got == (special if special is not None else expected), (key, got)
+
+
+def test_every_train_key_reaches_the_model_or_the_trainer():
+    base = TrainConfig(preset="micro", variant="gated")
+    known = settings(TrainConfig)
+    assert {s.key for s in known} == set(TRAIN_VALUES)
+    for s in known:
+        text, expected = TRAIN_VALUES[s.key]
+        cfg = apply_sets(base, [*NEEDS.get(s.key, []), f"{s.key}={text}"])
+        assert s.help, f"{s.key} has no help text"
+        _check_train_key(cfg, s.key, s.path, expected)
+        # the short form (the last two parts, or the field name) means the same key where it is unique
+        short = ".".join(s.key.split(".")[-2:])
+        if sum(k.key.endswith("." + short) or k.key == short for k in known) == 1:
+            assert apply_sets(base, [*NEEDS.get(s.key, []), f"{short}={text}"]) == cfg
+
+
+def test_every_reproduce_key_reaches_the_reproduction_or_every_run():
+    base = ReproduceConfig.quick(preset="micro")
+    known = settings(ReproduceConfig)
+    train_keys = {s.key for s in known if s.path[0] == "train"}
+    excluded = {"out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant"}
+    assert train_keys == {f"train.{k}" for k in TRAIN_VALUES if k not in excluded}
+    assert {s.key for s in known if s.path[0] != "train"} == set(REPRODUCE_VALUES)
+    for s in known:
+        if s.path[0] != "train":
+            text, expected = REPRODUCE_VALUES[s.key]
+            cfg = apply_sets(base, [*REPRODUCE_NEEDS.get(s.key, []), f"{s.key}={text}"])
+            assert getattr(cfg, s.key) == expected, s.key
+            continue
+        rel = s.key[len("train."):]
+        text, expected = TRAIN_VALUES[rel]
+        cfg = apply_sets(base, [*(f"train.{n}" for n in NEEDS.get(rel, [])), f"{s.key}={text}"])
+        variants = [v for v in ("baseline", "gated") if not (rel.startswith("model.gate.")) or v == "gated"]
+        for v in variants:  # each run's TrainConfig carries it (gate settings: the gated runs)
+            _check_train_key(cfg.train_config(v, 0, steps=20, out_dir="o"), s.key, s.path[1:], expected)
+
+
+def test_gate_settings_reach_gated_runs_only_in_reproduce():
+    cfg = apply_sets(ReproduceConfig.quick(), ["gate.activation=silu"])
+    assert cfg.train_config("gated", 0, steps=10).model_config(300).attention.gate.activation == "silu"
+    assert cfg.train_config("baseline", 0, steps=10).model_config(300).attention.gate is None
+    with pytest.raises(ConfigError, match="GateConfig.activation='nope'"):
+        apply_sets(ReproduceConfig.quick(), ["gate.activation=nope"])
+
+
+def test_the_same_grammar_and_errors_for_every_command(capsys):
+    for root in (TrainConfig, ReproduceConfig):
+        with pytest.raises(ConfigError, match=r"unknown --set key 'lrr' \(did you mean"):
+            apply_sets(root(), ["lrr=1"])
+        with pytest.raises(ConfigError, match="ambiguous.*norm_eps"):
+            apply_sets(root(), ["norm_eps=1e-5"])
+        with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+            apply_sets(root(), ["lr"])
+        assert "gate.activation" in help_text(root) and "score function" in help_text(root)
+    assert main(["reproduce", "--quick", "--set", "gate.colour=red"]) == 2
+    assert "unknown --set key 'gate.colour'" in capsys.readouterr().err
+
+
+def test_help_lists_every_key_with_its_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for s in settings(TrainConfig):
+        assert s.key in out
+    assert dataclasses.fields(TrainConfig)[0].metadata["help"] in out
