@@ -22,7 +22,7 @@ def _command_line(args: argparse.Namespace) -> str:
     argv += [f"--{flag}" for flag in ("compile", "quick", "json") if getattr(args, flag)]
     if args.variants:
         argv += ["--variants", ",".join(args.variants)]
-    for flag in ("repeats", "out"):
+    for flag in ("repeats", "warmup", "out"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag}", str(getattr(args, flag))]
     return "gatedattn " + shlex.join(argv)
@@ -37,8 +37,9 @@ def _run(args: argparse.Namespace) -> int:
     given = {"device": args.device, "dtype": args.dtype, "compile": args.compile}
     if args.variants:
         given["variants"] = args.variants
-    if args.repeats is not None:
-        given["repeats"] = args.repeats
+    for name in ("repeats", "warmup"):
+        if getattr(args, name) is not None:
+            given[name] = getattr(args, name)
     cfg = BenchConfig.quick(**given) if args.quick else BenchConfig(**given)
     res = run_bench(cfg, command=_command_line(args))
     if args.out:
@@ -63,6 +64,7 @@ def register(sub) -> None:
     p.add_argument("--variants", type=_names, help="comma-separated presets (default baseline,gated,"
                                                    "gated-headwise,sink,hyga-lowrank,hyga-sink; baseline is always run)")
     p.add_argument("--repeats", type=int, help="timed repeats per workload (default 7; --quick 2)")
+    p.add_argument("--warmup", type=int, help="untimed warm-up rounds before them (default 2; --quick 1)")
     p.add_argument("--quick", action="store_true", help="tiny shapes and 2 repeats: a smoke test of seconds")
     p.add_argument("--out", help="also write the results as JSON to this file")
     p.set_defaults(func=_run)

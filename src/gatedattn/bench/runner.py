@@ -24,7 +24,7 @@ from gatedattn.bench.targets import evaluate
 from gatedattn.bench.timing import interleaved_times, summarize
 from gatedattn.bench.workloads import (HF_GPT_OSS, HF_QWEN3, HF_QWEN3_NEXT, OURS_GPT_OSS, OURS_QWEN3_NEXT,
                                        Context, Workload, build)
-from gatedattn.errors import GatedAttnError
+from gatedattn.device import resolve_device
 from gatedattn.layer_cost import cost
 from gatedattn.precision import resolve_dtype
 
@@ -40,14 +40,6 @@ HF_PAIRS = (
     ("baseline training step vs Qwen3ForCausalLM", "train", REFERENCE, HF_QWEN3),
     ("baseline cached greedy decoding vs Qwen3ForCausalLM.generate", "decode", REFERENCE, HF_QWEN3),
 )
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise GatedAttnError("device: 'cuda' was asked for but torch.cuda.is_available() is False")
-    return torch.device(name)
 
 
 def _cpu_model() -> str:

@@ -21,7 +21,7 @@ GRAD_CLIP = 1.0
 
 def bench_optimizer(model: nn.Module):
     """The optimizer ``gatedattn train`` builds with its default settings (AdamW)."""
-    return build_optimizer(model, TrainConfig(data_dir="unused", out_dir="unused"))
+    return build_optimizer(model, TrainConfig())
 
 
 def train_step(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor,
