@@ -1,8 +1,11 @@
 """Claim verdicts on hand-made results: each rule can say held, did not hold, not measurable."""
 
 import pytest
+import torch
 
-from gatedattn.reproduce.claims import HELD, NOT_HELD, NOT_MEASURABLE, compare, judge_all
+from gatedattn.reproduce.claims import (
+    HELD, NOT_HELD, NOT_MEASURABLE, compare, judge_all, massive_shown, sink_shown, uniform_first_token_attention,
+)
 
 
 def stat(*values):
@@ -13,7 +16,11 @@ def stat(*values):
 
 
 def results(**summary):
-    return {"summary": summary}
+    return {"summary": summary, "config": {"seq_len": 256}}
+
+
+def interleaved(baseline_ms, gated_ms):
+    return {"baseline": [t / 1000 for t in baseline_ms], "gated": [t / 1000 for t in gated_ms]}
 
 
 def test_lower_loss_held_with_one_seed_notes_unknown_noise():
@@ -52,12 +59,13 @@ def test_missing_variant_is_not_measurable():
 def test_every_claim_judges_a_full_result():
     summary = {
         "baseline": {"val_loss": stat(4.0), "f_attn": stat(0.2), "sink_eps": stat(0.3), "m_act": stat(300.0),
-                     "tokens_per_s": stat(1000.0), "ext_yarn_longest": stat(6.0)},
+                     "m_act_ratio": stat(150.0), "tokens_per_s": stat(1000.0), "ext_yarn_longest": stat(6.0)},
         "gated": {"val_loss": stat(3.9), "f_attn": stat(0.02), "sink_eps": stat(0.0), "m_act": stat(40.0),
                   "gate_mean": stat(0.2), "gate_frac_below_0.01": stat(0.1), "tokens_per_s": stat(900.0),
                   "ext_yarn_longest": stat(5.0)},
     }
-    rows = judge_all({"summary": summary, "gate_cost": {}, "step_time": {"baseline": 1.0, "gated": 1.11}})
+    rows = judge_all({"summary": summary, "config": {"seq_len": 256}, "gate_cost": {},
+                      "step_time_samples": interleaved([100, 101, 99, 100], [111, 112, 110, 111])})
     by = {r["key"]: r["verdict"] for r in rows}
     assert by["ga-loss"] == by["ga-sink"] == by["ga-mact"] == by["ga-sparse"] == by["ga-extrapolation"] == HELD
     assert by["ga-overhead"] == NOT_HELD  # 11 % slower
@@ -66,9 +74,75 @@ def test_every_claim_judges_a_full_result():
 
 
 def test_no_sink_in_baseline_makes_sink_claims_not_measurable():
-    summary = {"baseline": {"f_attn": stat(0.005)}, "gated": {"f_attn": stat(0.006)}}
-    by = {r["key"]: r for r in judge_all({"summary": summary})}
+    summary = {"baseline": {"f_attn": stat(0.005), "sink_eps": stat(0.0)}, "gated": {"f_attn": stat(0.006)}}
+    by = {r["key"]: r for r in judge_all(results(**summary))}
     assert by["ga-sink"]["verdict"] == NOT_MEASURABLE and "no sink" in by["ga-sink"]["measured"]
+
+
+def test_uniform_first_token_attention():
+    assert uniform_first_token_attention(1) == pytest.approx(0.5)
+    T = 63
+    causal = torch.tril(torch.ones(T + 1, T + 1, dtype=torch.float64))
+    uniform = causal / causal.sum(-1, keepdim=True)
+    assert uniform_first_token_attention(T) == pytest.approx(float(uniform[1:, 0].mean()))
+    assert uniform_first_token_attention(T) == pytest.approx(0.0594, abs=1e-4)
+
+
+@pytest.mark.parametrize("f_attn,sink_eps,shown", [
+    (0.05, 0.25, True),     # 2.4x the uniform 0.0205 of T = 255, and a sink head
+    (0.03, 0.25, False),    # under 2x uniform
+    (0.30, 0.0, False),     # no head above eps
+])
+def test_sink_shown_needs_twice_uniform_and_a_sink_head(f_attn, sink_eps, shown):
+    r = results(baseline={"f_attn": stat(f_attn), "sink_eps": stat(sink_eps)})
+    assert (sink_shown(r) is None) == shown
+
+
+def test_sink_shown_needs_the_sequence_length():
+    r = {"summary": {"baseline": {"f_attn": stat(0.5), "sink_eps": stat(1.0)}}}
+    assert "sequence length" in sink_shown(r)
+
+
+def test_sink_removal_with_and_without_a_baseline_sink():
+    sink = {"f_attn": stat(0.20, 0.21, 0.19), "sink_eps": stat(0.5, 0.5, 0.5)}
+    by = lambda r: {row["key"]: row["verdict"] for row in judge_all(r)}  # noqa: E731
+    assert by(results(baseline=sink, gated={"f_attn": stat(0.02, 0.03, 0.02)}))["ga-sink"] == HELD
+    assert by(results(baseline=sink, gated={"f_attn": stat(0.40, 0.41, 0.42)}))["ga-sink"] == NOT_HELD
+    # a lower gated F-Attn is no evidence when the baseline has no sink to remove
+    none = {"f_attn": stat(0.021, 0.022, 0.02), "sink_eps": stat(0.0, 0.0, 0.0)}
+    assert by(results(baseline=none, gated={"f_attn": stat(0.010, 0.011, 0.01)}))["ga-sink"] == NOT_MEASURABLE
+
+
+def test_massive_activation_claims_need_massive_baseline():
+    gated = {"m_act": stat(10.0, 11.0, 10.5)}
+    by = lambda base: {r["key"]: r for r in judge_all(results(baseline=base, gated=gated))}  # noqa: E731
+    massive = {"m_act": stat(300.0, 310.0, 305.0), "m_act_ratio": stat(150.0, 160.0, 155.0)}
+    assert by(massive)["ga-mact"]["verdict"] == HELD
+    bigger = {"m_act": stat(5.0, 5.1, 5.2), "m_act_ratio": stat(150.0, 160.0, 155.0)}
+    assert by(bigger)["ga-mact"]["verdict"] == NOT_HELD
+    mild = {"m_act": stat(300.0, 310.0, 305.0), "m_act_ratio": stat(20.0, 22.0, 21.0)}
+    row = by(mild)["ga-mact"]
+    assert row["verdict"] == NOT_MEASURABLE and "≥ 100" in row["measured"]
+    assert massive_shown(results(baseline=mild)) is not None and massive_shown(results(baseline=massive)) is None
+
+
+@pytest.mark.parametrize("baseline_ms,gated_ms,expected,why", [
+    ([100, 101, 99, 100, 100], [101, 102, 100, 101, 101], HELD, ""),             # +1 % +- 0.0x %
+    ([100, 101, 99, 100, 100], [111, 112, 110, 111, 111], NOT_HELD, ""),         # +11 %
+    ([100, 120, 90, 110, 100], [101, 110, 100, 115, 99], NOT_MEASURABLE, "within timing noise"),
+    ([100, 101, 99, 100, 100], [90, 91, 89, 90, 90], NOT_MEASURABLE, "faster"),  # gated faster: noise, not a saving
+    ([100, 101, 99, 100, 100], [102, 103.5, 100, 102, 102], NOT_MEASURABLE, "too close"),
+    ([100, 100], [101, 101], NOT_MEASURABLE, "at least 3"),
+])
+def test_overhead_claim_needs_interleaved_rounds(baseline_ms, gated_ms, expected, why):
+    r = {"summary": {}, "step_time_samples": interleaved(baseline_ms, gated_ms)}
+    row = next(x for x in judge_all(r) if x["key"] == "ga-overhead")
+    assert row["verdict"] == expected and why in row["measured"]
+
+
+def test_single_timing_is_not_measurable():
+    row = next(x for x in judge_all({"summary": {}, "step_time": {"baseline": 1.0, "gated": 0.9}}) if x["key"] == "ga-overhead")
+    assert row["verdict"] == NOT_MEASURABLE
 
 
 @pytest.mark.parametrize("base_div,gated_div,expected", [([3e-2], [], HELD), ([], [3e-2], NOT_HELD), ([], [], NOT_MEASURABLE)])
@@ -77,3 +151,15 @@ def test_stability_claim_from_lr_study(base_div, gated_div, expected):
             for lr in (1e-3, 3e-2) for v in ("baseline", "gated")]
     by = {r["key"]: r["verdict"] for r in judge_all({"summary": {}, "lr_study": {"runs": runs}})}
     assert by["ga-stability"] == expected
+
+
+def test_interleaved_times_alternate_the_order():
+    from gatedattn.reproduce.timing import interleaved_times
+
+    calls = []
+    steps = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    samples = interleaved_times(steps, rounds=3, repeats=2, warmup=1)
+    assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3} and all(t >= 0 for v in samples.values() for t in v)
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] + ["b", "b", "a", "a"] + ["a", "a", "b", "b"]
+    with pytest.raises(ValueError, match="rounds"):
+        interleaved_times(steps, rounds=0)

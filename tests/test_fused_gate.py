@@ -29,16 +29,18 @@ def saved_bytes(fn):
 @pytest.mark.parametrize("logit_shape", [(B, T, H, D), (B, T, H, 1), (B, T, 1, D), (1, 1, H, D)],
                          ids=["elementwise", "headwise", "shared", "static"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gated_linear_matches_reference(logit_shape, bias):
+@pytest.mark.parametrize("cross_head", [False, True])
+def test_gated_linear_matches_reference(logit_shape, bias, cross_head):
     g = torch.Generator().manual_seed(0)
     y = torch.randn(B, T, H, D, generator=g).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
     logits = torch.randn(logit_shape, generator=g, requires_grad=True)
     w = torch.randn(C, H * D, generator=g, requires_grad=True)
     b = torch.randn(C, generator=g, requires_grad=True) if bias else None
-    inputs = [t for t in (y, logits, w, b) if t is not None]
+    c = torch.randn(B, T, H, 1, generator=g, requires_grad=True) if cross_head else None
+    inputs = [t for t in (y, logits, w, b, c) if t is not None]
     dout = torch.randn(B, T, C, generator=g)
-    fast = gated_linear(y, logits, w, b)
-    ref = reference.gated_linear(y, logits, w, b)
+    fast = gated_linear(y, logits, w, b, c)
+    ref = reference.gated_linear(y, logits, w, b, c)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
     g_fast = torch.autograd.grad(fast, inputs, dout)
     g_ref = torch.autograd.grad(ref, inputs, dout)
@@ -71,7 +73,7 @@ def test_gated_linear_saves_less_than_separate_ops():
     assert plain - fused >= one  # the scores and the gated product are not kept
 
 
-FUSED = ["gated", "gated-headwise", "g1-shared", "g1-static", "g4-query", "hyga-lowrank", "hyga-sink"]
+FUSED = ["gated", "gated-headwise", "g1-shared", "g1-static", "g4-query", "hyga", "hyga-lowrank", "hyga-sink"]
 
 
 def _layer(variant, **fields):
@@ -93,11 +95,12 @@ def test_fused_layer_equals_the_unfused_one(variant, qkv_bias):
     grads_fused = torch.autograd.grad(fused.square().sum(), list(layer.parameters()))
     # a hook on the gate's scores (as analysis registers) selects the plain path
     seen = []
-    handle = layer.gate.score.register_forward_hook(lambda m, i, o: seen.append(o))
+    handles = [m.register_forward_hook(lambda m, i, o: seen.append(o)) for m in layer.gate.score_modules]
     plain = layer(x)
     grads_plain = torch.autograd.grad(plain.square().sum(), list(layer.parameters()))
-    handle.remove()
-    assert seen, "the plain path must run the score module"
+    for h in handles:
+        h.remove()
+    assert len(seen) == len(handles), "the plain path must run every score module"
     torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
     for (name, _), a, b in zip(layer.named_parameters(), grads_fused, grads_plain):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)

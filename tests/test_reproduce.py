@@ -25,13 +25,19 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     assert results["summary"]["gated"]["gate_mean"]["mean"] is not None
     assert results["summary"]["baseline"]["gate_mean"] is None
     assert set(results["step_time"]) == {"baseline", "gated"} and all(t > 0 for t in results["step_time"].values())
+    assert all(len(s) >= 3 for s in results["step_time_samples"].values()), "interleaved rounds for a noise estimate"
     report = (out / "report.md").read_text()
     for png in ("val_loss", "train_loss", "f_attn_per_layer", "m_act_per_layer", "gate_histograms",
                 "attention_maps", "f_attn_over_training", "m_act_over_training", "extrapolation"):
         assert (out / f"{png}.png").stat().st_size > 1000
         assert f"({png}.png)" in report
     assert report.count("| Gated Attention |") >= 8 and "| HyGA |" in report
+    assert "same batches in the same order" in report and "| precision | fp32 (asked `fp32`" in report
     assert all(c["verdict"] in ("held", "did not hold", "not measurable") for c in results["claims"])
+    from gatedattn.reproduce.report import write_report  # a section hook adds its lines before "Reproduce"
+
+    text = write_report(results, tmp_path / "sections", sections=[lambda r, o: ["## Extra study", "", "extra", ""]]).read_text()
+    assert text.index("## Extra study") < text.index("## Reproduce")
     # a second call reuses the finished runs (resume) and rewrites the same numbers
     before = results["summary"]["gated"]["val_loss"]
     assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
@@ -47,7 +53,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     (dict(seeds=0), r"seeds=0 must be > 0"),
     (dict(multiples=(0, 2)), r"multiples"),
     (dict(dtype="fp8"), r"dtype"),
-    (dict(steps=None), r"exactly one of steps and budget_minutes"),
+    (dict(steps=None, budget_minutes=None), r"exactly one of steps and budget_minutes"),
     (dict(steps=100, budget_minutes=5.0), r"exactly one of steps and budget_minutes"),
 ])
 def test_bad_reproduce_config(fields, match):

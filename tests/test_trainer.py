@@ -103,7 +103,7 @@ def test_reproduction_trains_the_same_configs_as_before():
     from gatedattn.reproduce import ReproduceConfig
 
     recorded = json.loads((LEGACY / "legacy_reproduce_train_configs.json").read_text())
-    configs = {"default": ReproduceConfig(), "quick": ReproduceConfig.quick(),
+    configs = {"default": ReproduceConfig(steps=700, budget_minutes=None), "quick": ReproduceConfig.quick(),
                "quick_set": ReproduceConfig.quick(grad_clip=0.5)}
     for key, old in recorded.items():
         name, run = key.split("/")

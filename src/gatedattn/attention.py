@@ -191,7 +191,8 @@ class Attention(nn.Module):
         h_BTHD = self.head_transform(h.transpose(1, 2))
         if position == "g1" and self._fuse_gate_with_o_proj():
             logits = self.gate.logits(h_BTHD, x, x_gate)
-            return gated_linear(h_BTHD, logits, self.o_proj.weight, self.o_proj.bias)
+            head_logits = self.gate.c.logits(h_BTHD) if self.gate.c is not None else None
+            return gated_linear(h_BTHD, logits, self.o_proj.weight, self.o_proj.bias, head_logits)
         if position == "g1":
             h_BTHD = self.gate(h_BTHD, x, x_gate)
         y = self.o_proj(h_BTHD.reshape(B, T, -1))
@@ -249,7 +250,7 @@ class Attention(nn.Module):
     def _fuse_gate_with_o_proj(self) -> bool:
         """Run the g1 gate and o_proj as ``ops.gated_linear`` (training), unless hooks watch them."""
         return (torch.is_grad_enabled() and self.gate.is_sigmoid_product
-                and not _hooked(self.gate.score) and not _hooked(self.o_proj))
+                and not any(_hooked(m) for m in (*self.gate.score_modules, self.o_proj)))
 
     # The analysis seam: run the layer with another core or RoPE for the body of a ``with``.
     @contextlib.contextmanager

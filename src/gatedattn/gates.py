@@ -202,9 +202,13 @@ class CrossHeadGate(nn.Module):
         """Logits 0: every head scaled by sigmoid(0) = 1/2."""
         self.proj.weight.zero_()
 
-    def forward(self, y_BTGD: torch.Tensor) -> torch.Tensor:
+    def logits(self, y_BTGD: torch.Tensor) -> torch.Tensor:
+        """Per-head logits (B, T, G, 1)."""
         B, T, G, D = y_BTGD.shape
-        return self.score(self.proj(y_BTGD.reshape(B, T, G * D))).view(B, T, G, 1)
+        return self.proj(y_BTGD.reshape(B, T, G * D)).view(B, T, G, 1)
+
+    def forward(self, y_BTGD: torch.Tensor) -> torch.Tensor:
+        return self.score(self.logits(y_BTGD))
 
     def flops(self, n_tokens: int) -> int:
         return (2 * self.proj.weight.numel() + self.proj.out_features) * n_tokens
@@ -252,11 +256,17 @@ class Gate(nn.Module):
 
     @property
     def is_sigmoid_product(self) -> bool:
-        """True when the gate is ``Y * sigmoid(logits)`` with one logit tensor (no C-gate, no
-        separate H sigmoid): the form ``ops.gated_linear`` fuses with the output projection."""
+        """True when the gate is ``Y * sigmoid(logits)`` with one logit tensor (no separate H
+        sigmoid), times ``sigmoid(C-gate logits)`` with a C-gate: the form
+        ``ops.gated_linear`` fuses with the output projection."""
         c = self.cfg
-        return (c.activation == "sigmoid" and c.combine == "multiply" and self.c is None
+        return (c.activation == "sigmoid" and c.combine == "multiply"
                 and self.h_score is None and (self.x is not None or self.h is not None))
+
+    @property
+    def score_modules(self) -> list[nn.Module]:
+        """The modules whose outputs are gate scores (what analysis hooks)."""
+        return [m for m in (self.score, self.h_score, self.c.score if self.c is not None else None) if m is not None]
 
     def logits(self, y_BTGD: torch.Tensor, x_BTC: torch.Tensor,
                x_projected: torch.Tensor | None = None) -> torch.Tensor | None:

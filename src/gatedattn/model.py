@@ -36,6 +36,7 @@ _NOT_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "torc
 # name -> (n_layers, d_model, n_heads, n_kv_heads, ffn_dim)
 SIZE_PRESETS: dict[str, tuple[int, int, int, int, int]] = {
     "micro": (2, 64, 4, 2, 192),     # unit tests
+    "toy": (1, 64, 1, 1, 128),       # one head: the Bigram-Backcopy mechanism study
     "tiny": (4, 128, 4, 2, 384),     # smoke runs, ~0.8 M non-embedding params
     "small": (6, 256, 4, 4, 768),    # the CPU reproduction, ~5.1 M non-embedding params
     "base": (12, 512, 8, 4, 1536),   # a GPU run, ~38 M non-embedding params

@@ -361,6 +361,41 @@ def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
 # --------------------------------------------------------------------------- prepare
 
 
+def _check_settings(vocab_size: int, val_fraction: float, seed: int) -> None:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB <= vocab_size < 2**32:
+        raise GatedAttnError(f"vocab_size must be an integer in [{MIN_VOCAB}, 2**32), got {vocab_size!r}")
+    if not 0.0 < val_fraction < 1.0:
+        raise GatedAttnError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise GatedAttnError(f"seed must be an integer >= 0, got {seed!r}")
+
+
+def _new_tmp_dir(out: Path) -> Path:
+    """A temporary directory beside ``out`` with the permissions a new directory gets."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output should not be
+    return tmp
+
+
+def _train_into(tmp: Path, scans, seed: int, vocab_size: int, n_train: int, progress: bool):
+    """Train the BPE tokenizer on the train split and save it into ``tmp``."""
+    t0 = time.perf_counter()
+    _log(progress, f"training byte-level BPE (vocab {vocab_size}) on the train split")
+    texts = (doc.text for doc, _, is_val in _documents(scans, seed) if not is_val)
+    tok = train_tokenizer(texts, vocab_size, length=n_train, progress=progress and sys.stderr.isatty())
+    tok.save(str(tmp / TOKENIZER_FILE))
+    got = tok.get_vocab_size()
+    _log(progress, f"trained tokenizer: {got} tokens in {time.perf_counter() - t0:.1f}s")
+    if got < vocab_size:
+        print(f"warning: the trained vocabulary has {got} tokens, fewer than the {vocab_size} asked "
+              f"(--vocab-size): the train split is too small for more merges; the manifest records "
+              f"{got}", file=sys.stderr, flush=True)
+    return tok
+
+
 def prepare(
     inputs: Sequence[str | os.PathLike] | None,
     out_dir: str | os.PathLike,
@@ -381,12 +416,7 @@ def prepare(
     ``overwrite`` allows replacing a non-empty ``out_dir``. ``progress`` prints phases
     and progress bars to stderr.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB <= vocab_size < 2**32:
-        raise GatedAttnError(f"vocab_size must be an integer in [{MIN_VOCAB}, 2**32), got {vocab_size!r}")
-    if not 0.0 < val_fraction < 1.0:
-        raise GatedAttnError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise GatedAttnError(f"seed must be an integer >= 0, got {seed!r}")
+    _check_settings(vocab_size, val_fraction, seed)
     out = Path(out_dir)
     _check_out_dir(out, overwrite)
     user_tok = load_tokenizer(tokenizer) if tokenizer is not None else None
@@ -403,25 +433,11 @@ def prepare(
     n_val = sum(int((s.keys <= np.uint64(s.val_threshold)).sum()) if s.val_threshold >= 0 else 0 for s in scans)
     _log(progress, f"split: {n_docs - n_val:,} train / {n_val:,} val documents (seed {seed})")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = _new_tmp_dir(out)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output should not be
         if user_tok is None:
-            t0 = time.perf_counter()
-            _log(progress, f"training byte-level BPE (vocab {vocab_size}) on the train split")
-            texts = (doc.text for doc, _, is_val in _documents(scans, seed) if not is_val)
-            tok = train_tokenizer(texts, vocab_size, length=n_docs - n_val, progress=progress and sys.stderr.isatty())
-            tok.save(str(tmp / TOKENIZER_FILE))
+            tok = _train_into(tmp, scans, seed, vocab_size, n_docs - n_val, progress)
             origin = "trained"
-            got = tok.get_vocab_size()
-            _log(progress, f"trained tokenizer: {got} tokens in {time.perf_counter() - t0:.1f}s")
-            if got < vocab_size:
-                print(f"warning: the trained vocabulary has {got} tokens, fewer than the {vocab_size} asked "
-                      f"(--vocab-size): the train split is too small for more merges; the manifest records "
-                      f"{got}", file=sys.stderr, flush=True)
         else:
             tok = user_tok
             shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)

@@ -58,8 +58,11 @@ def attention_reference(
 
 
 def gated_linear(y_BTHD: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Specification of ``ops.gate.gated_linear``: sigmoid gate on each head's output, then
-    the output projection. ``logits`` broadcasts against ``y`` (B, T, H, D)."""
+                 bias: torch.Tensor | None = None, head_logits: torch.Tensor | None = None) -> torch.Tensor:
+    """Specification of ``ops.gate.gated_linear``: sigmoid gate on each head's output (times
+    a per-head sigmoid of ``head_logits`` (B, T, H, 1) when given), then the output
+    projection. ``logits`` broadcasts against ``y`` (B, T, H, D)."""
     gated = y_BTHD * torch.sigmoid(logits.to(y_BTHD.dtype))
+    if head_logits is not None:
+        gated = gated * torch.sigmoid(head_logits.to(y_BTHD.dtype))
     return F.linear(gated.flatten(-2), weight, bias)

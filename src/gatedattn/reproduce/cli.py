@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from gatedattn.errors import ConfigError
 from gatedattn.precision import DTYPES
 from gatedattn.reproduce.runner import ReproduceConfig, reproduce
 from gatedattn.settings import apply_sets, help_text, parse_list
@@ -18,7 +19,35 @@ def _list_of(kind: type, flag: str):
     return parse
 
 
+def _run_mechanism(args: argparse.Namespace) -> int:
+    from gatedattn.reproduce.mechanism import MechanismConfig, run_study
+
+    unused = [flag for flag, value in (("--budget-minutes", args.budget_minutes), ("--data", args.data),
+                                       ("--preset", args.preset), ("--lrs", args.lrs), ("--dtype", args.dtype),
+                                       ("--multiples", args.multiples), ("--set", args.set)) if value is not None]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)} do not apply to --study mechanism (it trains the `toy` model in fp32 "
+                          "on generated data); it takes --variants, --steps, --seeds, --seq-len, --batch-size, --lr, "
+                          "--workers, --out, --quick")
+    given = {"variants": args.variants, "seeds": args.seeds, "steps": args.steps, "seq_len": args.seq_len,
+             "micro_batch": args.batch_size, "lr": args.lr, "workers": args.workers, "out_dir": args.out,
+             "progress": not args.quiet}
+    given = {k: v for k, v in given.items() if v is not None}
+    cfg = MechanismConfig.quick(**given) if args.quick else MechanismConfig(**given)
+    report = run_study(cfg, command=_command())
+    print(f"report: {report}")
+    return 0
+
+
+def _command() -> str | None:
+    return "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.study == "mechanism":
+        return _run_mechanism(args)
+    if args.workers is not None:
+        raise ConfigError("--workers applies to --study mechanism only")
     given = {
         "variants": args.variants, "seeds": args.seeds, "budget_minutes": args.budget_minutes,
         "steps": args.steps, "preset": args.preset, "seq_len": args.seq_len, "micro_batch": args.batch_size,
@@ -28,10 +57,11 @@ def _run(args: argparse.Namespace) -> int:
     given = {k: v for k, v in given.items() if v is not None}
     if args.budget_minutes is not None and args.steps is None:
         given["steps"] = None  # the budget decides the steps
+    if args.steps is not None and args.budget_minutes is None:
+        given["budget_minutes"] = None  # a fixed step count replaces the default budget
     cfg = ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
     cfg = apply_sets(cfg, args.set or [])
-    command = "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
-    report = reproduce(cfg, command=command)
+    report = reproduce(cfg, command=_command())
     print(f"report: {report}")
     return 0
 
@@ -42,8 +72,9 @@ def register(sub) -> None:
                                    "analyse each; write report.md, plots and results.json.",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text(ReproduceConfig))
     p.add_argument("--variants", type=_list_of(str, "--variants"), help="comma-separated presets (default baseline,gated)")
-    p.add_argument("--budget-minutes", type=float, help="wall-clock budget: time each variant here and fit the steps to it")
-    p.add_argument("--steps", type=int, help="training steps per run (default 700; --quick 40)")
+    p.add_argument("--budget-minutes", type=float,
+                   help="wall-clock budget (default 20): time each variant's step here first and fit the steps to it")
+    p.add_argument("--steps", type=int, help="fixed training steps per run instead of a budget (--quick: 40)")
     p.add_argument("--seeds", type=int, help="seeds per variant (default 1); with 2+ the report tests seed noise")
     p.add_argument("--data", help="prepared data directory (default: the bundled corpus, prepared once)")
     p.add_argument("--out", help="output directory (default runs/reproduce)")
@@ -55,7 +86,10 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES,
                    help="auto (default): bf16 autocast where the device computes bf16 natively, else fp32")
     p.add_argument("--multiples", type=_list_of(int, "--multiples"), help="extrapolation lengths as multiples of the context (default 1,2,4,8)")
-    p.add_argument("--study", choices=("main", "lr"), help="main (default) or the learning-rate stability study")
+    p.add_argument("--study", choices=("main", "lr", "mechanism"),
+                   help="main (default), the learning-rate stability study, or the Bigram-Backcopy mechanism study "
+                        "(attention sinks in one-head models, minutes on a CPU)")
+    p.add_argument("--workers", type=int, help="--study mechanism: runs trained at a time (default 2)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the reproduction or its training (repeatable; keys below)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")

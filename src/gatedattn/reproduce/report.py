@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gatedattn.analysis import plots
 from gatedattn.io import atomic_write_text
-from gatedattn.reproduce.claims import CLAIMS, judge_all
+from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, SINK_OVER_UNIFORM, judge_all
+
+# A report section: (results, output directory) -> markdown lines; it may write plots there.
+Section = Callable[[dict, Path], list[str]]
 
 SUMMARY_COLUMNS = [
     ("val_loss", "val loss", 4),
@@ -104,6 +108,16 @@ def _extrapolation(results: dict, variants: list[str]) -> tuple[dict, int | None
     return ext, train_len
 
 
+def _step_plan(cfg: dict) -> str:
+    """How the step count was chosen; every variant trains on the same batches either way."""
+    same = "every variant trains on the same batches in the same order (identical tokens)"
+    timed = cfg.get("step_seconds") or {}
+    if cfg.get("budget_minutes") is None or not timed:
+        return f"{same}; fixed step count"
+    per_step = ", ".join(f"{v} {t:.2f} s" for v, t in timed.items())
+    return f"{same}; steps fitted to a {cfg['budget_minutes']:g}-minute budget from timing one step of each here ({per_step})"
+
+
 def _precision(cfg: dict, meta: dict) -> str:
     """The precision the run computed in: what was asked and what ``auto`` resolved to."""
     chosen = meta.get("precision")
@@ -123,7 +137,8 @@ def _setup_table(results: dict) -> list[str]:
         ("data", meta["data"]),
         ("model", f"`{cfg['preset']}` preset: {meta['model']}"),
         ("training", f"{cfg['steps']} steps × {cfg['batch_tokens']:,} tokens = {cfg['steps'] * cfg['batch_tokens'] / 1e6:.2f} M tokens per run, "
-                     f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, seeds {cfg['seeds']}"),
+                     f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, seeds {cfg['seeds']}; "
+                     f"{_step_plan(cfg)}"),
         ("precision", _precision(cfg, meta)),
         ("BOS", "every training and validation sequence starts with a BOS token (a fixed first token lets a sink form)"),
         ("analysis", f"{meta['analysis_tokens']:,} validation tokens, sequences of {cfg['seq_len']} (+BOS)"),
@@ -131,8 +146,9 @@ def _setup_table(results: dict) -> list[str]:
     return ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
 
 
-def write_report(results: dict, out: str | Path) -> Path:
-    """Write ``report.md`` and its plots into ``out``; returns the report path."""
+def write_report(results: dict, out: str | Path, sections: Sequence[Section] = ()) -> Path:
+    """Write ``report.md`` and its plots into ``out``; returns the report path. Each of
+    ``sections`` adds its lines (and plots) before the closing "Reproduce" section."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made = make_plots(results, out)
@@ -159,7 +175,11 @@ def write_report(results: dict, out: str | Path) -> Path:
         "",
         "*held*: the measured difference goes the paper's way (F-Attn, Sink and M-Act claims: the gated value at most 75 % of the baseline's; beyond seed noise where several seeds ran: "
         "|Δmean| > 2·√(σ₁² + σ₂²)); *did not hold*: it goes the other way; *not measurable*: within noise, "
-        "not run, or the effect needs more tokens than this budget. Paper figures come from 1.7B–15B models "
+        "not run, or the effect needs more tokens than this budget. Sink claims are judged only where the baseline "
+        f"shows a sink (F-Attn ≥ {SINK_OVER_UNIFORM:g}× the uniform value (1/T)·Σ_{{i=1..T}} 1/(i+1) and Sink^ε > 0), "
+        f"massive-activation claims only where the baseline's M-Act / median ≥ {MASSIVE_RATIO:g}; the timing claim "
+        "needs interleaved rounds and is not measurable within two standard errors of no difference. "
+        "Paper figures come from 1.7B–15B models "
         "trained on 400B–3.5T tokens; this run is orders of magnitude smaller, so directions matter, not sizes.",
         "",
         "## Results (mean ± std over seeds)",
@@ -173,7 +193,7 @@ def write_report(results: dict, out: str | Path) -> Path:
     timing = results.get("step_time") or {}
     if timing:
         lines += ["", "Training step (forward, backward, AdamW; " + f"{results['config']['micro_batch']}×{results['config']['seq_len']} tokens), "
-                  "timed back to back after training: " + ", ".join(f"`{v}` {1000 * t:.0f} ms" for v, t in timing.items()) + "."]
+                  "medians of interleaved rounds after training: " + ", ".join(f"`{v}` {1000 * t:.0f} ms" for v, t in timing.items()) + "."]
     lines += ["", "F-Attn: attention on token 0 (the BOS), averaged over heads, queries 1..T-1 and layers. "
               "Sink^ε: fraction of (layer, head) pairs whose mean attention on token 0 exceeds 0.3. "
               "M-Act: largest |activation| of the residual stream over layers.", ""]
@@ -195,6 +215,8 @@ def write_report(results: dict, out: str | Path) -> Path:
     lines += _extrapolation_table(results)
     if results.get("lr_study"):
         lines += _lr_table(results["lr_study"])
+    for section in sections:
+        lines += section(results, out)
     lines += ["## Reproduce", "", "```bash", results["meta"]["command"], "```", "",
               "All figures above come from `results.json` beside this report.", ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))

@@ -19,11 +19,12 @@ import functools
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,6 +39,7 @@ from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.report import write_lr_report, write_report
+from gatedattn.reproduce.timing import interleaved_times
 from gatedattn.settings import option
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.config import ModelRecipe, has_gate
@@ -70,13 +72,14 @@ class ReproduceConfig:
     ``train`` (a base ``TrainConfig``; each run sets its variant, seed, steps, output
     directory and evaluation and checkpoint intervals). With ``budget_minutes`` instead,
     the step count is derived from timing the trainer's own step of each variant on this
-    machine (the same count for every variant, so every variant sees the same tokens).
+    machine first (the same count for every variant, on the same batches in the same
+    order, so every variant sees the same tokens); about 80 % of the budget goes to
+    training, the rest to evaluation and analysis. ``budget_minutes`` is the default, so
+    the main job takes about the same wall time on a fast and on a slow CPU; a slower
+    machine trains fewer tokens, and the report says how many.
 
-    The defaults were chosen from measurements on a 2-core CPU: 700 steps of 16 x 256
-    tokens of the ``small`` model for two variants take about 24 minutes there, and by then
-    the gated model has a lower loss and clearly smaller massive activations. Sinks grow
-    with tokens seen, so two variants with more tokens each serve better than many short
-    runs; at this budget the first-token sink itself is still weak (see
+    Sinks grow with tokens seen, so two variants with more tokens each serve better than
+    many short runs; at CPU budgets the first-token sink itself is weak (see
     docs/reproduction/report.md).
 
     Fields of ``TrainConfig`` may be passed directly (``ReproduceConfig(lr=1e-2,
@@ -84,9 +87,9 @@ class ReproduceConfig:
 
     variants: tuple[str, ...] = option(("baseline", "gated"), help="attention presets to compare")
     seeds: int = option(1, help="seeds per variant; with 2+ the report tests seed noise")
-    budget_minutes: float | None = option(None, help="wall-clock budget: time each variant's training step "
-                                                     "and fit the steps to it (instead of steps)")
-    steps: int | None = option(700, help="training steps per run")
+    budget_minutes: float | None = option(20.0, help="wall-clock budget: time each variant's training step "
+                                                     "first and fit the steps to it (instead of steps)")
+    steps: int | None = option(None, help="fixed training steps per run (instead of budget_minutes)")
     out_dir: str = option("runs/reproduce", help="output directory")
     evals: int = option(8, help="evaluations (with the sink metrics) per run")
     analysis_sequences: int = option(32, help="validation sequences the final analysis reads")
@@ -133,7 +136,7 @@ class ReproduceConfig:
     @classmethod
     def quick(cls, **changes: Any) -> "ReproduceConfig":
         """About a minute on a 2-core CPU: a smoke test of the whole pipeline."""
-        base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, warmup_steps=5, evals=2,
+        base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, budget_minutes=None, warmup_steps=5, evals=2,
                     analysis_sequences=8, multiples=(1, 2), lrs=(3e-3, 3e-2), out_dir="runs/reproduce-quick")
         return cls(**{**base, **changes})
 
@@ -232,6 +235,12 @@ def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int 
     return times[len(times) // 2]
 
 
+def make_step(cfg: ReproduceConfig, variant: str, data: TokenData) -> Callable[[], None]:
+    """One call of the trainer's own ``train_step`` for ``variant``, as a function (for timing)."""
+    trainer = Trainer(cfg.train_config(variant, 0, steps=1_000_000), data)
+    return lambda: trainer.train_step()
+
+
 def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -> tuple[int, dict[str, float]]:
     """Training steps that fit the budget: 80 % of it for training, the rest for evaluation
     and analysis; every variant gets the same number of steps (the same tokens)."""
@@ -241,8 +250,10 @@ def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -
     per_step = sum(step_s.values()) * n_runs_per_variant
     steps = int(cfg.budget_minutes * 60 * 0.8 / per_step + 1e-9)
     steps = max(10, steps - steps % 10)
-    _say(f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run fit "
-         f"{cfg.budget_minutes:g} min")
+    eta = time.strftime("%H:%M", time.localtime(time.time() + cfg.budget_minutes * 60))
+    _say(f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run "
+         f"({steps * cfg.train.micro_batch * cfg.train.seq_len / 1e6:.2f} M tokens, the same for every variant) fit "
+         f"{cfg.budget_minutes:g} min; ETA {eta}")
     return steps, step_s
 
 
@@ -355,8 +366,10 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
 
     results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
     if results["variants"]:
-        _say("timing a training step of each variant, back to back")
-        results["step_time"] = {v: time_step(cfg, v, data) for v in variants_run}
+        _say("timing training steps of each variant in interleaved rounds")
+        samples = interleaved_times({v: make_step(cfg, v, data) for v in variants_run})
+        results["step_time_samples"] = samples
+        results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
     n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10)
                                               .model_config(data.vocab_size)).parameters())
     n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[cfg.train.preset]

@@ -1,0 +1,252 @@
+"""The Bigram-Backcopy task (Guo et al. 2024, "Active-Dormant Attention Heads", arXiv 2410.13835).
+
+A toy language on which attention sinks form within minutes on a CPU. Its ordinary tokens
+are characters; a sequence is::
+
+    BOS x1 x2 x3 ...
+
+where ``x1`` is drawn from the non-trigger characters' frequencies and each next token is
+
+- a *copy* when the current token is one of the ``n_triggers`` trigger tokens: the token
+  just before the trigger (``x[i+1] = x[i-1]`` when ``x[i]`` is a trigger);
+- a *bigram* draw otherwise: ``x[i+1] ~ table[x[i]]``.
+
+The bigram table is estimated from the characters of real text (the default corpus when
+its packages are installed, else a short built-in public-domain passage, so it needs no
+network and no files). Triggers are the most frequent characters after the space. A
+trigger never follows a trigger (``table[t, t']`` is 0 and the row renormalised), so the
+token before a trigger is always an ordinary character and copies never chain.
+
+Ordinary positions have nothing useful to attend to (the current token decides the next),
+so a softmax head that must serve the trigger positions learns to park the others on BOS:
+the attention sink, at toy scale.
+
+Token ids: characters ``0 .. n_chars-1``, then ``BOS = n_chars``, ``EOS = n_chars + 1``
+(EOS never occurs; the data format needs one). :meth:`BigramBackcopy.sample` returns
+whole sequences; :meth:`BigramBackcopy.write_data_dir` writes a data directory that
+``gatedattn.data.TokenData`` (and so the trainer) reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.io import atomic_write, atomic_write_text, replace_dir, temp_dir_beside
+
+BOS_TOKEN = "<|bos|>"
+EOS_TOKEN = "<|eos|>"
+CHAIN_LEN = 4096  # the data-directory stream is made of independent chains this long
+
+# Genesis 1:1-13, King James Version (public domain): the fallback source of the table.
+FALLBACK_TEXT = (
+    "In the beginning God created the heaven and the earth. And the earth was without form, and void; "
+    "and darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. "
+    "And God said, Let there be light: and there was light. And God saw the light, that it was good: and God "
+    "divided the light from the darkness. And God called the light Day, and the darkness he called Night. And "
+    "the evening and the morning were the first day. And God said, Let there be a firmament in the midst of the "
+    "waters, and let it divide the waters from the waters. And God made the firmament, and divided the waters "
+    "which were under the firmament from the waters which were above the firmament: and it was so. And God "
+    "called the firmament Heaven. And the evening and the morning were the second day. And God said, Let the "
+    "waters under the heaven be gathered together unto one place, and let the dry land appear: and it was so. "
+    "And God called the dry land Earth; and the gathering together of the waters called he Seas: and God saw "
+    "that it was good. And God said, Let the earth bring forth grass, the herb yielding seed, and the fruit tree "
+    "yielding fruit after his kind, whose seed is in itself, upon the earth: and it was so. And the earth brought "
+    "forth grass, and herb yielding seed after his kind, and the tree yielding fruit, whose seed was in itself, "
+    "after his kind: and God saw that it was good. And the evening and the morning were the third day."
+)
+
+
+@dataclass(frozen=True, eq=False)
+class BigramBackcopy:
+    """One Bigram-Backcopy language: characters, bigram table, triggers (see module docstring).
+
+    ``table`` (n_chars, n_chars) float64, rows sum to 1, ``table[t, t'] = 0`` for triggers
+    ``t, t'``; ``initial`` (n_chars,) the first token's distribution (0 on triggers).
+    """
+
+    chars: tuple[str, ...]
+    table: np.ndarray
+    initial: np.ndarray
+    triggers: tuple[int, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        V = len(self.chars)
+        if self.table.shape != (V, V) or self.initial.shape != (V,):
+            raise ConfigError(f"BigramBackcopy.table must be ({V}, {V}) and initial ({V},); got "
+                              f"{self.table.shape} and {self.initial.shape}")
+        if not self.triggers or len(set(self.triggers)) != len(self.triggers) or not all(0 <= t < V for t in self.triggers):
+            raise ConfigError(f"BigramBackcopy.triggers={self.triggers} must be distinct ids in [0, {V})")
+        if not np.allclose(self.table.sum(1), 1.0) or not np.isclose(self.initial.sum(), 1.0):
+            raise ConfigError("BigramBackcopy.table rows and initial must each sum to 1")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_text(cls, text: str, *, n_chars: int = 24, n_triggers: int = 3, smoothing: float = 0.1,
+                  source: str = "text") -> "BigramBackcopy":
+        """Estimate the table from the lower-cased characters of ``text``: the ``n_chars``
+        most frequent characters (ties by code point), transitions between two of them
+        counted, ``smoothing`` added to every count; triggers are the ``n_triggers`` most
+        frequent characters other than the space."""
+        if not 2 <= n_chars <= 256:
+            raise ConfigError(f"BigramBackcopy n_chars={n_chars} must be in [2, 256]")
+        if not 1 <= n_triggers < n_chars - 1:
+            raise ConfigError(f"BigramBackcopy n_triggers={n_triggers} must be in [1, n_chars - 2 = {n_chars - 2}]")
+        if smoothing <= 0:
+            raise ConfigError(f"BigramBackcopy smoothing={smoothing} must be > 0")
+        text = " ".join(text.lower().split())  # one space between words, no newlines
+        freq = Counter(text)
+        if len(freq) < n_chars:
+            raise GatedAttnError(f"the text has {len(freq)} distinct characters, fewer than n_chars={n_chars}")
+        chars = tuple(c for c, _ in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))[:n_chars])
+        index = np.full(0x110000, -1, dtype=np.int64)
+        index[[ord(c) for c in chars]] = np.arange(n_chars)
+        ids = index[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)]
+        a, b = ids[:-1], ids[1:]
+        keep = (a >= 0) & (b >= 0)
+        counts = np.bincount(a[keep] * n_chars + b[keep], minlength=n_chars * n_chars).reshape(n_chars, n_chars)
+        triggers = tuple(i for i, c in enumerate(chars) if c != " ")[:n_triggers]
+        table = counts.astype(np.float64) + smoothing
+        table[np.ix_(triggers, triggers)] = 0.0
+        table /= table.sum(1, keepdims=True)
+        initial = np.bincount(ids[ids >= 0], minlength=n_chars).astype(np.float64) + smoothing
+        initial[list(triggers)] = 0.0
+        initial /= initial.sum()
+        return cls(chars, table, initial, triggers, source)
+
+    @classmethod
+    def default(cls, *, n_chars: int = 24, n_triggers: int = 3) -> "BigramBackcopy":
+        """The table of the default corpus when installed, else of the built-in passage."""
+        return _default(n_chars, n_triggers)
+
+    # ------------------------------------------------------------------ ids
+    @property
+    def n_chars(self) -> int:
+        return len(self.chars)
+
+    @property
+    def bos_id(self) -> int:
+        return self.n_chars
+
+    @property
+    def eos_id(self) -> int:
+        return self.n_chars + 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_chars + 2
+
+    def is_trigger(self, ids: np.ndarray) -> np.ndarray:
+        """Boolean mask of trigger tokens, same shape as ``ids``."""
+        return np.isin(ids, self.triggers)
+
+    def fingerprint(self) -> str:
+        """A short hash of the characters, table and triggers (which language this is)."""
+        h = hashlib.sha256(json.dumps([self.chars, self.triggers]).encode())
+        h.update(np.ascontiguousarray(self.table).tobytes())
+        h.update(np.ascontiguousarray(self.initial).tobytes())
+        return h.hexdigest()[:16]
+
+    def describe(self) -> str:
+        trig = ", ".join(repr(self.chars[t]) for t in self.triggers)
+        return (f"Bigram-Backcopy: {self.n_chars} characters (bigram table from {self.source}), "
+                f"triggers {trig}, table {self.fingerprint()}")
+
+    # ------------------------------------------------------------------ sampling
+    def chains(self, n: int, length: int, seed: int | np.random.SeedSequence) -> np.ndarray:
+        """``n`` independent chains of ``length`` tokens (no BOS), int64 (n, length)."""
+        if n < 0 or length < 1:
+            raise GatedAttnError(f"chains needs n >= 0 and length >= 1, got n={n}, length={length}")
+        rng = np.random.default_rng(seed)
+        cdf = np.cumsum(self.table, axis=1)
+        cdf[:, -1] = 1.0
+        trig = np.zeros(self.n_chars, dtype=bool)
+        trig[list(self.triggers)] = True
+        out = np.empty((n, length), dtype=np.int64)
+        out[:, 0] = rng.choice(self.n_chars, size=n, p=self.initial)
+        u = rng.random((n, length))
+        for i in range(1, length):
+            cur = out[:, i - 1]
+            bigram = (u[:, i, None] > cdf[cur]).sum(1)
+            if i >= 2:
+                out[:, i] = np.where(trig[cur], out[:, i - 2], bigram)
+            else:
+                out[:, i] = bigram  # the first token is never a trigger
+        return out
+
+    def sample(self, n: int, length: int, seed: int) -> np.ndarray:
+        """``n`` sequences ``[BOS] + length tokens``, int64 (n, length + 1); a function of ``seed``."""
+        seqs = np.empty((n, length + 1), dtype=np.int64)
+        seqs[:, 0] = self.bos_id
+        seqs[:, 1:] = self.chains(n, length, np.random.SeedSequence([seed, 1]))
+        return seqs
+
+    # ------------------------------------------------------------------ data directory
+    def write_data_dir(self, out_dir: str | os.PathLike, *, train_tokens: int = 1 << 20,
+                       val_tokens: int = 1 << 16, seed: int = 0) -> Path:
+        """Write a data directory (``train.bin``, ``val.bin``, ``tokenizer.json``,
+        ``manifest.json``) whose streams are independent chains of ``CHAIN_LEN`` tokens,
+        end to end; the trainer reads windows of it with BOS put in front. A window that
+        straddles two chains sees one non-bigram transition (one position in CHAIN_LEN).
+        Deterministic from ``seed``; written atomically."""
+        from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo, sha256_file
+
+        out = Path(out_dir)
+        tmp = temp_dir_beside(out)
+        try:
+            splits = {}
+            for k, (name, n_tokens) in enumerate((("train", train_tokens), ("val", val_tokens))):
+                n = -(-n_tokens // CHAIN_LEN)
+                stream = self.chains(n, CHAIN_LEN, np.random.SeedSequence([seed, 2, k])).reshape(-1)[:n_tokens]
+                path = tmp / f"{name}.bin"
+                stream.astype(np.uint16).tofile(path)
+                splits[name] = SplitInfo(path.name, int(n_tokens), n, sha256_file(path))
+            atomic_write_text(tmp / "tokenizer.json", self.tokenizer_json())
+            manifest = Manifest(
+                format_version=FORMAT_VERSION, dtype="uint16", vocab_size=self.vocab_size, bos_id=self.bos_id,
+                eos_id=self.eos_id, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, tokenizer_file="tokenizer.json",
+                tokenizer_origin="bigram-backcopy", source=f"{self.describe()}, seed {seed}", seed=seed,
+                val_fraction=val_tokens / (train_tokens + val_tokens), train=splits["train"], val=splits["val"],
+                val_document_ids=[f"chain-{i}" for i in range(splits["val"].documents)],
+            )
+            atomic_write(tmp / MANIFEST_FILE, manifest.save)
+            replace_dir(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+    def tokenizer_json(self) -> str:
+        """A word-level ``tokenizers`` tokenizer: one token per character, BOS and EOS special."""
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        vocab = {c: i for i, c in enumerate(self.chars)} | {BOS_TOKEN: self.bos_id, EOS_TOKEN: self.eos_id}
+        tok = Tokenizer(models.WordLevel(vocab, unk_token=EOS_TOKEN))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        tok.add_special_tokens([BOS_TOKEN, EOS_TOKEN])
+        return tok.to_str()
+
+
+@functools.lru_cache(maxsize=4)
+def _default(n_chars: int, n_triggers: int) -> BigramBackcopy:
+    from gatedattn.data.corpus import default_corpus
+
+    try:
+        corpus = default_corpus()
+    except GatedAttnError:
+        return BigramBackcopy.from_text(FALLBACK_TEXT, n_chars=n_chars, n_triggers=n_triggers,
+                                        source="the built-in Genesis 1:1-13 passage (KJV)")
+    text = "\n".join(d.text for d in corpus.documents)
+    return BigramBackcopy.from_text(text, n_chars=n_chars, n_triggers=n_triggers,
+                                    source=f"the default corpus ({corpus.description()})")

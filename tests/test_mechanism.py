@@ -1,0 +1,281 @@
+"""The Bigram-Backcopy generator, the per-class probe, the mechanism claims and the study end to end."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gatedattn.cli import main
+from gatedattn.data import TokenData
+from gatedattn.data.backcopy import CHAIN_LEN, FALLBACK_TEXT, BigramBackcopy
+from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.reproduce.claims import HELD, NOT_HELD, NOT_MEASURABLE, uniform_first_token_attention
+from gatedattn.reproduce.mechanism import MechanismConfig, judge_mechanism
+from gatedattn.reproduce.mechanism_probe import measure, query_classes
+
+
+@pytest.fixture(scope="module")
+def task():
+    return BigramBackcopy.from_text(FALLBACK_TEXT, source="test passage")
+
+
+# ------------------------------------------------------------------------------ generator
+def test_bos_first_and_every_trigger_copies_the_token_before_it(task):
+    seqs = task.sample(400, 64, seed=0)
+    assert (seqs[:, 0] == task.bos_id).all() and (seqs[:, 1:] < task.n_chars).all()
+    body = seqs[:, 1:]
+    trig = task.is_trigger(body)
+    assert not trig[:, 0].any(), "the first token has no token before it to copy, so it is never a trigger"
+    assert not (trig[:, :-1] & trig[:, 1:]).any(), "a trigger never follows a trigger"
+    after = trig[:, 1:-1]  # body[:, i] is a trigger for i = 1..T-2; body[:, i+1] must equal body[:, i-1]
+    assert after.sum() > 1000
+    np.testing.assert_array_equal(body[:, 2:][after], body[:, :-2][after])
+
+
+def _bigram_counts(task, seqs):
+    body = seqs[:, 1:]
+    cur, nxt = body[:, :-1].reshape(-1), body[:, 1:].reshape(-1)
+    ordinary = ~task.is_trigger(cur)
+    counts = np.zeros((task.n_chars, task.n_chars))
+    np.add.at(counts, (cur[ordinary], nxt[ordinary]), 1)
+    return counts
+
+
+def _within_binomial_noise(counts, table, k=4.5):
+    n = counts.sum(1, keepdims=True)
+    rows = n[:, 0] >= 200
+    p_hat = counts[rows] / n[rows]
+    std = np.sqrt(table[rows] * (1 - table[rows]) / n[rows]) + 1e-3 / np.sqrt(n[rows])
+    return bool((np.abs(p_hat - table[rows]) <= k * std).all()), int(rows.sum())
+
+
+def test_bigram_frequencies_match_the_table_outside_triggers(task):
+    counts = _bigram_counts(task, task.sample(3000, 64, seed=1))
+    ok, rows = _within_binomial_noise(counts, task.table)
+    assert ok and rows >= 15
+    # the check has power: the same counts against a shuffled table fail it
+    assert not _within_binomial_noise(counts, task.table[::-1])[0]
+
+
+def test_table_estimated_from_text(task):
+    assert task.n_chars == 24 and task.chars[0] == " "
+    assert [task.chars[t] for t in task.triggers] == ["e", "t", "a"]  # most frequent after the space
+    np.testing.assert_allclose(task.table.sum(1), 1.0)
+    assert (task.table[np.ix_(task.triggers, task.triggers)] == 0).all()
+    assert (task.initial[list(task.triggers)] == 0).all()
+    h, a = task.chars.index("h"), task.chars.index("a")
+    t = task.chars.index("t")
+    assert task.table[t, h] > 0.3 and task.table[t, h] > task.table[t, a]  # "th" is common in English
+
+
+def test_same_seed_same_data(task, tmp_path):
+    np.testing.assert_array_equal(task.sample(8, 64, seed=5), task.sample(8, 64, seed=5))
+    assert not np.array_equal(task.sample(8, 64, seed=5), task.sample(8, 64, seed=6))
+    a = task.write_data_dir(tmp_path / "a", train_tokens=20_000, val_tokens=5_000, seed=3)
+    b = task.write_data_dir(tmp_path / "b", train_tokens=20_000, val_tokens=5_000, seed=3)
+    assert (a / "train.bin").read_bytes() == (b / "train.bin").read_bytes()
+    assert BigramBackcopy.from_text(FALLBACK_TEXT).fingerprint() == task.fingerprint()
+
+
+def test_data_dir_feeds_the_trainer_batches(task, tmp_path):
+    data = TokenData(task.write_data_dir(tmp_path / "d", train_tokens=3 * CHAIN_LEN, val_tokens=CHAIN_LEN),
+                     verify=True)
+    assert data.vocab_size == task.vocab_size and data.bos_id == task.bos_id
+    rows = data.train_batch(0, range(16), global_batch=16, seq_len=64, seed=0)
+    assert (rows[:, 0] == task.bos_id).all()
+    val = next(data.val_batches(seq_len=64, batch_size=8))  # within one chain: the copy rule holds
+    body = val[:, 1:].numpy()
+    trig = task.is_trigger(body[:, 1:-1])
+    np.testing.assert_array_equal(body[:, 2:][trig], body[:, :-2][trig])
+    assert data.decode([task.chars.index(c) for c in "the "]) == "the "
+
+
+def test_default_table_falls_back_to_the_built_in_passage(monkeypatch):
+    import gatedattn.data.backcopy as bc
+    import gatedattn.data.corpus as corpus
+
+    def missing():
+        raise GatedAttnError("the default corpus needs packages")
+
+    monkeypatch.setattr(corpus, "default_corpus", missing)
+    bc._default.cache_clear()
+    try:
+        fallback = BigramBackcopy.default()
+        assert "built-in" in fallback.source and fallback.n_chars == 24
+    finally:
+        bc._default.cache_clear()
+
+
+@pytest.mark.parametrize("kw,match", [(dict(n_triggers=0), "n_triggers=0"), (dict(n_chars=40), "fewer than n_chars"),
+                                      (dict(n_triggers=23), "n_triggers=23")])
+def test_bad_task_settings(kw, match):
+    with pytest.raises(GatedAttnError, match=match):
+        BigramBackcopy.from_text(FALLBACK_TEXT, **kw)
+
+
+# ------------------------------------------------------------------------------ probe
+def _model(task, variant, layers=2):
+    cfg = ModelConfig.from_preset("toy", variant, vocab_size=task.vocab_size, max_seq_len=64, qk_norm=False)
+    model = GatedLM(cfg.replace(n_layers=layers)).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.q_proj.weight.zero_()  # every logit 0: uniform causal attention
+            if block.attn.gate is not None:
+                for p in block.attn.gate.parameters():
+                    p.zero_()  # every gate logit 0: sigmoid gives 0.5
+    return model
+
+
+def test_uniform_attention_gives_the_uniform_levels(task):
+    batch = task.sample(16, 32, seed=2)
+    m = measure(_model(task, "gated"), batch, task)
+    trig, ordi = query_classes(batch[:, :-1], task)
+    pos = torch.arange(32).expand(16, 32)
+    assert m["bos_attn_ordinary"] == pytest.approx(float((1.0 / (pos + 1))[ordi].double().mean()), rel=1e-6)
+    assert m["bos_attn_trigger"] == pytest.approx(m["uniform_bos_attn_trigger"], rel=1e-6)
+    assert m["prev_attn_trigger"] == pytest.approx(m["uniform_bos_attn_trigger"], rel=1e-6)
+    assert m["f_attn"] == pytest.approx(uniform_first_token_attention(31), rel=1e-6)
+    assert m["gate_trigger"] == pytest.approx(0.5) and m["gate_ordinary"] == pytest.approx(0.5)
+    assert m["sink_mass_ordinary"] is None and len(m["bos_attn_ordinary_per_layer"]) == 2
+
+
+def test_learnable_sink_mass_and_hyga_effective_gate(task):
+    batch = task.sample(8, 16, seed=3)
+    model = _model(task, "sink", layers=1)
+    with torch.no_grad():
+        model.blocks[0].attn.sink.fill_(math.log(3.0))  # the sink weighs as 3 keys
+    m = measure(model, batch, task)
+    _, ordi = query_classes(batch[:, :-1], task)
+    pos = torch.arange(16).expand(8, 16).double()
+    assert m["sink_mass_ordinary"] == pytest.approx(float((3 / (pos + 1 + 3))[ordi].mean()), rel=1e-5)
+    assert m["bos_attn_ordinary"] == pytest.approx(float((1 / (pos + 1 + 3))[ordi].mean()), rel=1e-5)
+    hyga = measure(_model(task, "hyga-lowrank", layers=1), batch, task)
+    assert hyga["gate_ordinary"] == pytest.approx(0.25)  # fused X+H gate 0.5 times the cross-head gate 0.5
+
+
+def test_norms_and_losses_match_a_direct_computation(task):
+    batch = torch.as_tensor(task.sample(8, 24, seed=4))
+    model = _model(task, "baseline", layers=1)
+    inputs = batch[:, :-1]
+    with torch.no_grad():
+        x = model.embed(inputs)
+        v = model.blocks[0].attn.qkv.v_proj(model.blocks[0].attn_norm(x))
+        h = model.blocks[0](x)
+        before = model(inputs)
+        ce = torch.nn.functional.cross_entropy(before.flatten(0, 1), batch[:, 1:].flatten(), reduction="none")
+    m = measure(model, batch, task)
+    assert m["value_norm_bos"] == pytest.approx(float(v[:, 0].norm(dim=-1).mean()), rel=1e-5)
+    assert m["value_norm_other"] == pytest.approx(float(v[:, 1:].norm(dim=-1).mean()), rel=1e-5)
+    assert m["resid_norm_bos"] == pytest.approx(float(h[:, 0].norm(dim=-1).mean()), rel=1e-4)
+    trig, ordi = query_classes(inputs, task)
+    ce = ce.view(8, 24).double()
+    assert m["loss_copy"] == pytest.approx(float(ce[trig].mean()), rel=1e-4)
+    assert m["loss_bigram"] == pytest.approx(float(ce[ordi].mean()), rel=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs), before)  # the hooks are gone and the model unchanged
+
+
+def test_query_classes_exclude_bos(task):
+    ids = np.array([[task.bos_id, 0, task.triggers[0], 0, 5]])
+    trig, ordi = query_classes(ids, task)
+    assert trig.tolist() == [[False, False, True, False, False]]
+    assert ordi.tolist() == [[False, True, False, True, True]]
+
+
+# ------------------------------------------------------------------------------ claims
+def stat(*values):
+    mean = float(np.mean(values))
+    return {"mean": mean, "std": float(np.std(values, ddof=1)) if len(values) > 1 else None, "values": list(values)}
+
+
+def verdicts(**summary):
+    rows = judge_mechanism({"summary": summary, "config": {"seq_len": 64}})
+    return {r["key"]: r for r in rows}
+
+
+BASE = dict(f_attn=stat(0.5, 0.52, 0.48), sink_eps=stat(1.0, 1.0, 1.0), bos_attn_ordinary=stat(0.6, 0.62, 0.58),
+            bos_attn_trigger=stat(0.01, 0.01, 0.01))
+
+
+def test_sink_claim_held_and_not_held():
+    assert verdicts(baseline=BASE)["mech-sink"]["verdict"] == HELD
+    weak = {**BASE, "bos_attn_ordinary": stat(0.2, 0.22, 0.18)}
+    row = verdicts(baseline=weak)["mech-sink"]
+    assert row["verdict"] == NOT_HELD and "× the uniform level" in row["measured"]
+
+
+def test_removal_claims_need_the_baseline_sink():
+    gated = dict(bos_attn_ordinary=stat(0.1, 0.11, 0.09))
+    assert verdicts(baseline=BASE, gated=gated)["mech-removes-gated"]["verdict"] == HELD
+    worse = dict(bos_attn_ordinary=stat(0.8, 0.81, 0.79))
+    assert verdicts(baseline=BASE, gated=worse)["mech-removes-gated"]["verdict"] == NOT_HELD
+    no_sink = {**BASE, "f_attn": stat(0.08, 0.09, 0.07), "bos_attn_ordinary": stat(0.1, 0.1, 0.1)}
+    row = verdicts(baseline=no_sink, gated=dict(bos_attn_ordinary=stat(0.01, 0.01, 0.01)))["mech-removes-gated"]
+    assert row["verdict"] == NOT_MEASURABLE and "no sink" in row["measured"]
+    no_head = {**BASE, "sink_eps": stat(0.0, 0.0, 0.0)}
+    assert verdicts(baseline=no_head, gated=gated)["mech-removes-gated"]["verdict"] == NOT_MEASURABLE
+
+
+def test_gate_selectivity_claim():
+    sel = verdicts(baseline=BASE, gated=dict(gate_trigger=stat(0.8, 0.82, 0.79), gate_ordinary=stat(0.1, 0.12, 0.11)))
+    assert sel["mech-selective-gated"]["verdict"] == HELD
+    open_everywhere = dict(gate_trigger=stat(0.8, 0.82, 0.79), gate_ordinary=stat(0.6, 0.61, 0.6))
+    row = verdicts(baseline=BASE, gated=open_everywhere)["mech-selective-gated"]
+    assert row["verdict"] == NOT_HELD and "not closed elsewhere" in row["measured"]
+    noisy = dict(gate_trigger=stat(0.5, 0.8, 0.2), gate_ordinary=stat(0.45, 0.1, 0.7))
+    assert verdicts(baseline=BASE, gated=noisy)["mech-selective-gated"]["verdict"] == NOT_MEASURABLE
+    assert "mech-selective-gated-headwise" not in sel  # not run, no row
+
+
+def test_learnable_sink_claim():
+    took = dict(bos_attn_ordinary=stat(0.05, 0.06, 0.05), sink_mass_ordinary=stat(0.7, 0.72, 0.69))
+    assert verdicts(baseline=BASE, sink=took)["mech-learnable-sink"]["verdict"] == HELD
+    elsewhere = dict(bos_attn_ordinary=stat(0.05, 0.06, 0.05), sink_mass_ordinary=stat(0.1, 0.1, 0.12))
+    assert verdicts(baseline=BASE, sink=elsewhere)["mech-learnable-sink"]["verdict"] == NOT_HELD
+    no_sink = {**BASE, "sink_eps": stat(0.0, 0.0, 0.0)}
+    assert verdicts(baseline=no_sink, sink=took)["mech-learnable-sink"]["verdict"] == NOT_MEASURABLE
+
+
+# ------------------------------------------------------------------------------ config, CLI, end to end
+@pytest.mark.parametrize("kw,match", [(dict(variants=("baseline", "g2-value")), r"variants: 'g2-value'"),
+                                      (dict(variants=("gated",)), "must include 'baseline'"),
+                                      (dict(depths=(0,)), "depths"), (dict(workers=0), "workers=0")])
+def test_bad_mechanism_config(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        MechanismConfig(**kw)
+
+
+def test_default_plan():
+    plan = MechanismConfig().plan()
+    assert len(plan) == 5 * 3 + 2 * 3 and plan[0][1] == 3
+    assert {v for v, d, _ in plan if d == 3} == {"baseline", "gated"}
+
+
+def test_cli_rejects_flags_of_other_studies(capsys):
+    assert main(["reproduce", "--study", "mechanism", "--preset", "tiny", "--quick"]) == 2
+    assert "--preset do not apply to --study mechanism" in capsys.readouterr().err
+    assert main(["reproduce", "--workers", "2", "--quick"]) == 2
+
+
+@pytest.mark.slow
+def test_quick_mechanism_study_end_to_end(tmp_path):
+    out = tmp_path / "mech"
+    assert main(["reproduce", "--study", "mechanism", "--quick", "--out", str(out), "-q"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    summary = results["depths"]["1"]["summary"]
+    assert set(summary) == {"baseline", "gated"}
+    assert 0 < summary["baseline"]["bos_attn_ordinary"]["mean"] < 1
+    assert summary["gated"]["gate_trigger"]["mean"] is not None and summary["baseline"]["gate_trigger"] is None
+    curve = results["depths"]["1"]["runs"]["baseline"][0]["curve"]
+    assert len(curve["step"]) >= 3 and len(curve["bos_attn_ordinary"]) == len(curve["step"])
+    claims = {c["key"]: c["verdict"] for c in results["depths"]["1"]["claims"]}
+    assert set(claims) == {"mech-sink", "mech-removes-gated", "mech-selective-gated"}
+    report = (out / "report.md").read_text()
+    for png in ("bos_attention_L1", "gate_score_L1"):
+        assert (out / f"{png}.png").stat().st_size > 1000 and f"({png}.png)" in report
+    assert "gatedattn reproduce --study mechanism" in report and "Sink^ε > 0" in report
+    again = main(["reproduce", "--study", "mechanism", "--quick", "--out", str(out), "-q"])  # reuses the runs
+    assert again == 0 and json.loads((out / "results.json").read_text())["depths"] == results["depths"]
