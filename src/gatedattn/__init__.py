@@ -9,8 +9,6 @@ Names are imported on first use, so ``import gatedattn`` (and the command line's
 
 from __future__ import annotations
 
-from typing import Any
-
 from gatedattn.lazy import lazy_exports
 
 __version__ = "0.1.0"
