@@ -9,8 +9,7 @@ Names are imported on first use, so ``import gatedattn`` (and the command line's
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gatedattn.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -34,13 +33,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gatedattn' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("gatedattn.hf.cli", "import a model directory, optionally add a gate, save it (atomically)"),
     "reproduce": ("gatedattn.reproduce.cli",
                   "train baseline and gated variants alike and report the papers' claims"),
+    "bench": ("gatedattn.bench.cli",
+              "time and size the attention variants against baseline and transformers, on this machine"),
 }
 SUBCOMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 

@@ -20,8 +20,7 @@ need it (importing it costs seconds).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gatedattn.lazy import lazy_exports
 
 _EXPORTS = {
     "load_model": "gatedattn.hf.load",
@@ -42,12 +41,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gatedattn.hf' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -41,7 +41,10 @@ def attention_sdpa(
 
 
 class _CPUFlash:
-    """The CPU flash kernel: returns the log-sum-exp, its backward takes it back."""
+    """The CPU flash kernel: returns the log-sum-exp, its backward takes it back; it reads
+    grouped KV heads (GQA) as they are."""
+
+    grouped_kv = True
 
     @staticmethod
     def forward(q, k, v, scale):
@@ -56,7 +59,10 @@ class _CPUFlash:
 
 class _CUDAEfficient:
     """The CUDA memory-efficient kernel (fp32, fp16, bf16). Its log-sum-exp is (B, H, T')
-    with T' >= T padded up to its block size; the rows past T are never read."""
+    with T' >= T padded up to its block size; the rows past T are never read. KV heads
+    are expanded for it (GQA)."""
+
+    grouped_kv = False
 
     @staticmethod
     def forward(q, k, v, scale):
@@ -74,7 +80,7 @@ class _CUDAEfficient:
 
 class _FlashSink(torch.autograd.Function):
     """Causal attention with a per-head sink on a fused kernel that returns the log-sum-exp
-    (q, k, v: B, H, T, D with equal head counts and sizes)."""
+    (q: B, H, T, D; k, v: B, Hkv, T, D, Hkv = H unless the kernel reads grouped heads)."""
 
     @staticmethod
     def forward(ctx, q, k, v, sink, scale, kernel):
@@ -121,7 +127,7 @@ def attention_flash_lse(
         return attention_reference(q, k, v, sink, q_offset=q_offset, scale=scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[1] // k.shape[1]
-    if group > 1:  # the fused kernels have no GQA: expand the KV heads
+    if group > 1 and not kernel.grouped_kv:  # expand the KV heads for a kernel without GQA
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     dv = v.shape[-1]
     if dv != q.shape[-1]:  # the kernel needs equal head sizes (MLA): pad v with zeros

@@ -1,0 +1,70 @@
+"""``gatedattn bench``: time and size every attention variant and transformers' equivalents."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+HELP = "time and size the attention variants against baseline and transformers, on this machine"
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as typed when run from a shell, else rebuilt from the parsed options."""
+    if sys.argv[1:2] == ["bench"]:
+        return "gatedattn " + shlex.join(sys.argv[1:])
+    argv = ["bench", "--device", args.device, "--dtype", args.dtype]
+    argv += [f"--{flag}" for flag in ("compile", "quick", "json") if getattr(args, flag)]
+    if args.variants:
+        argv += ["--variants", ",".join(args.variants)]
+    for flag in ("repeats", "warmup", "out"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    return "gatedattn " + shlex.join(argv)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gatedattn.bench.config import BenchConfig
+    from gatedattn.bench.report import format_markdown
+    from gatedattn.bench.runner import run_bench
+    from gatedattn.io import atomic_write_json
+
+    given = {"device": args.device, "dtype": args.dtype, "compile": args.compile}
+    if args.variants:
+        given["variants"] = args.variants
+    for name in ("repeats", "warmup"):
+        if getattr(args, name) is not None:
+            given[name] = getattr(args, name)
+    cfg = BenchConfig.quick(**given) if args.quick else BenchConfig(**given)
+    res = run_bench(cfg, command=_command_line(args))
+    if args.out:
+        atomic_write_json(args.out, res)
+    print(json.dumps(res, indent=2) if args.json else format_markdown(res))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help=HELP, description=(
+        "Time one attention layer (forward + backward), a training step, peak memory and cached decoding for "
+        "each variant at a default and a long-context shape, as ratios to baseline measured in the same "
+        "run, next to the FLOP ratio; compare with transformers' Qwen3NextAttention, GptOssAttention, "
+        "Qwen3ForCausalLM and generate; report MLA vs GQA KV-cache bytes per token; mark the speed "
+        "targets met or missed. Progress goes to stderr, the report (Markdown or --json) to stdout."))
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of Markdown")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when available")
+    p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="auto (default): bf16 autocast where the device computes bf16 natively, else fp32")
+    p.add_argument("--compile", action="store_true", help="torch.compile the layers and training steps (ours and "
+                                                          "transformers' alike; decoding stays eager)")
+    p.add_argument("--variants", type=_names, help="comma-separated presets (default baseline,gated,"
+                                                   "gated-headwise,sink,hyga-lowrank,hyga-sink; baseline is always run)")
+    p.add_argument("--repeats", type=int, help="timed repeats per workload (default 7; --quick 2)")
+    p.add_argument("--warmup", type=int, help="untimed warm-up rounds before them (default 2; --quick 1)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes and 2 repeats: a smoke test of seconds")
+    p.add_argument("--out", help="also write the results as JSON to this file")
+    p.set_defaults(func=_run)

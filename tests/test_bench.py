@@ -1,0 +1,223 @@
+"""gatedattn bench: interleaved timing and its summary, the memory meters, the KV-cache
+measure, ratios and targets, and a --quick run end to end."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from gatedattn import ConfigError, KVCache, cli, cost
+from gatedattn.bench.config import BenchConfig, Shape
+from gatedattn.bench.kvcache import cache_bytes_per_token
+from gatedattn.bench.memory import SavedTensorMeter, cpu_training_bytes, tensors_in, unique_storage_bytes
+from gatedattn.bench.report import format_markdown
+from gatedattn.bench.runner import add_ratios, decode_rate
+from gatedattn.bench.step import bench_optimizer, train_step
+from gatedattn.bench.targets import TARGETS, evaluate
+from gatedattn.bench.timing import interleaved_times, quartiles, summarize
+from gatedattn.bench.workloads import attention_config
+from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.precision import resolve_dtype
+
+
+# ----------------------------------------------------------------------------- timing
+class FakeClock:
+    """Time advances only when a workload runs: by the duration that workload is given."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_interleaved_rounds_run_each_workload_once_per_round_after_warmup():
+    clock, calls = FakeClock(), []
+    durations = {"a": [1.0, 5.0, 2.0], "b": [10.0, 30.0, 20.0], "c": [7.0, 7.0, 7.0]}
+
+    def workload(name):
+        def run():
+            calls.append(name)
+            i = len([c for c in calls if c == name]) - 1 - 2  # the first 2 calls are warm-up
+            clock.now += durations[name][i] if i >= 0 else 1000.0
+        return run
+
+    times = interleaved_times({n: workload(n) for n in "abc"}, repeats=3, warmup=2, clock=clock)
+    assert calls == list("abc") * 5  # 2 warm-up rounds, then 3 timed rounds, A B C each
+    assert times == durations  # warm-up calls are not timed
+    assert [summarize(times[n]).median for n in "abc"] == [2.0, 20.0, 7.0]
+
+
+def test_sync_brackets_every_timed_call():
+    events = []
+    interleaved_times({"x": lambda: events.append("run")}, repeats=2, warmup=1, sync=lambda: events.append("sync"))
+    assert events == ["run", "sync", "sync", "run", "sync", "sync", "run", "sync"]
+
+
+def test_quartiles_and_spread():
+    assert quartiles([4.0]) == (4.0, 4.0, 4.0)
+    s = summarize([3.0, 1.0, 100.0, 2.0, 4.0])  # one outlier barely moves the median and quartiles
+    assert (s.q1, s.median, s.q3, s.n) == (2.0, 3.0, 4.0, 5)
+    assert s.spread == pytest.approx(2.0 / 3.0)
+    assert summarize([2.0, 2.0]).spread == 0.0
+    with pytest.raises(ValueError):
+        interleaved_times({"x": lambda: None}, repeats=0)
+
+
+# ----------------------------------------------------------------------------- memory
+def test_saved_tensor_meter_counts_known_ops():
+    x = torch.randn(10, 100, requires_grad=True)  # 4000 bytes
+    with SavedTensorMeter() as m:
+        x.sin()  # saves its input
+    assert m.bytes == 4000 and m.count == 1
+    with SavedTensorMeter() as m:
+        x * x  # saves x twice: one storage
+    assert m.bytes == 4000 and m.count == 1
+    with SavedTensorMeter() as m:
+        x.exp()  # saves its output: a new storage of the same size
+    assert m.bytes == 4000
+    w = torch.randn(100, 30, requires_grad=True)  # 12000 bytes
+    with SavedTensorMeter() as m:
+        y = x @ w  # saves both operands
+        y.sin()    # and the product (10 x 30 x 4 = 1200 bytes)
+    assert m.bytes == 4000 + 12000 + 1200
+    with SavedTensorMeter() as m:
+        x[:5].sin()  # a view holds its whole storage
+    assert m.bytes == 4000
+    with SavedTensorMeter(exclude=[w]) as m:
+        x @ w
+    assert m.bytes == 4000
+    with SavedTensorMeter() as m, torch.no_grad():
+        x.sin()
+    assert m.bytes == 0
+
+
+def test_cpu_training_bytes_of_a_linear_layer():
+    lin = nn.Linear(100, 50, bias=False)  # weight: 20000 bytes
+    x = torch.randn(8, 100)  # 3200 bytes, saved for the weight's gradient
+    params = list(lin.parameters())
+    got = cpu_training_bytes(lambda: lin(x).sum().backward(), params)
+    assert got == {"saved_for_backward": 3200, "parameters": 20000, "gradients": 20000, "total": 43200}
+
+
+def test_tensors_in_finds_nested_tensors_and_storage_counted_once():
+    a = torch.zeros(10)  # 40 bytes
+    holder = type("Holder", (), {})()
+    holder.parts = {"k": [a, a[2:]], "v": (torch.zeros(5, dtype=torch.float64),)}
+    holder.me = holder  # cycles end
+    found = tensors_in(holder)
+    assert len(found) == 3
+    assert unique_storage_bytes(found) == 40 + 40
+
+
+def test_cache_bytes_per_token_matches_the_gqa_layout():
+    cfg = ModelConfig.from_preset("micro", vocab_size=32)  # 2 layers, 4 heads, 2 KV heads, head_dim 16
+    got = cache_bytes_per_token(GatedLM(cfg), prompt=5, steps=3, batch=2)
+    per_layer = 2 * cfg.attention.n_kv_heads * cfg.attention.head_dim * 4  # k and v, fp32
+    assert got["tokens"] == 16
+    assert got["bytes_per_token_per_layer"] == per_layer
+    assert got["bytes_per_token"] == per_layer * cfg.n_layers
+
+
+def test_cache_measure_does_not_depend_on_the_cache_attribute_names():
+    cache = KVCache()
+    cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+    renamed = type("Latent", (), {})()
+    renamed.latent = torch.cat((cache.k, cache.v), dim=-1)
+    assert unique_storage_bytes(tensors_in(cache)) == unique_storage_bytes(tensors_in(renamed)) == 2 * 24 * 4
+
+
+# ----------------------------------------------------------------------------- step
+def test_train_step_updates_the_model_and_clips():
+    cfg = ModelConfig.from_preset("micro", vocab_size=32)
+    model = GatedLM(cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = torch.randint(0, 32, (2, 9))
+    loss = train_step(model, model.loss, batch, bench_optimizer(model), resolve_dtype("fp32"), torch.device("cpu"))
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert all(p.grad is None for p in model.parameters())  # zeroed after the update
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+# ----------------------------------------------------------------------------- ratios, targets
+def test_ratios_are_against_baseline():
+    rows = {"baseline": {"median_s": 2.0, "tokens_per_s": 100.0, "memory_bytes": 50, "flops": 10},
+            "gated": {"median_s": 3.0, "tokens_per_s": 80.0, "memory_bytes": 60, "flops": 12},
+            "hf:x": {"median_s": 1.0, "tokens_per_s": 1.0}}
+    add_ratios(rows, ("baseline", "gated"))
+    assert rows["baseline"]["time_ratio"] == 1.0
+    assert rows["gated"]["time_ratio"] == 1.5 and rows["gated"]["tokens_per_s_ratio"] == 0.8
+    assert rows["gated"]["memory_ratio"] == 1.2 and rows["gated"]["flop_ratio"] == 1.2
+    assert "time_ratio" not in rows["hf:x"]
+    with pytest.raises(ValueError, match="baseline"):
+        add_ratios({"gated": {}}, ("gated",))
+
+
+def test_decode_rate_cancels_the_prefill():
+    assert decode_rate(batch=2, new_tokens=11, decode_s=1.5, prefill_s=0.5) == 20.0
+    assert decode_rate(batch=1, new_tokens=4, decode_s=0.5, prefill_s=0.6) is None  # noise: undefined
+
+
+def test_targets_met_missed_and_not_measured():
+    shape = {"layer": {"gated-headwise": {"time_ratio": 1.01}, "gated": {"time_ratio": 1.5, "flop_ratio": 1.2},
+                       "sink": {"time_ratio": 1.2, "memory_ratio": 1.0}}}
+    rows = {(r["id"], r["shape"]): r for r in evaluate({"default": shape, "long": shape})}
+    assert rows[("headwise-layer", "default")]["met"] is True
+    assert rows[("gated-vs-flops", "default")]["measured"] == pytest.approx(1.25)
+    assert rows[("gated-vs-flops", "default")]["met"] is False
+    assert rows[("sink-long-time", "long")]["met"] is False and rows[("sink-long-memory", "long")]["met"] is True
+    assert ("sink-long-time", "default") not in rows  # long-context targets only at the long shape
+    assert rows[("train-vs-qwen3", "default")]["met"] is None  # not run
+    assert {t.id for t in TARGETS} == {i for i, _ in rows}
+
+
+def test_config_is_validated():
+    with pytest.raises(ConfigError, match="variants='nope'"):
+        BenchConfig(variants=("nope",))
+    with pytest.raises(ConfigError, match="repeats"):
+        BenchConfig(repeats=0)
+    with pytest.raises(ConfigError, match="device"):
+        BenchConfig(device="tpu")
+    assert BenchConfig(variants=("gated", "baseline", "gated")).variants == ("baseline", "gated")
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_quick_bench_json_schema_and_ratios(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = cli.main(["bench", "--quick", "--json", "--device", "cpu", "--dtype", "fp32",
+                     "--variants", "gated", "--out", str(out)])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == res
+    assert res["schema"] == "gatedattn-bench/1" and set(res) == {"schema", "header", "shapes", "kv_cache", "targets"}
+    h = res["header"]
+    assert h["variants"] == ["baseline", "gated"] and h["precision"] == {"dtype": "fp32", "reason": "requested"}
+    assert h["command"].startswith("gatedattn bench") and h["machine"]["cpu_capability"]
+    assert set(res["shapes"]) == {"default", "long"}
+    for s in res["shapes"].values():
+        seq = s["shape"]["seq_len"]
+        for kind in ("layer", "train", "decode"):
+            rows = s[kind]
+            assert {"baseline", "gated"} <= set(rows) and (kind == "layer") != ("hf:Qwen3ForCausalLM" in rows)
+            base, gated = rows["baseline"], rows["gated"]
+            assert base["n"] == gated["n"] == 2 and base["median_s"] > 0
+            assert gated["time_ratio"] == pytest.approx(gated["median_s"] / base["median_s"])
+            assert base["time_ratio"] == 1.0
+        for kind in ("layer", "train"):
+            rows = s[kind]
+            assert rows["gated"]["memory_ratio"] == pytest.approx(rows["gated"]["memory_bytes"] / rows["baseline"]["memory_bytes"])
+            assert rows["gated"]["memory"]["kind"] == "cpu-saved-tensors"
+        flops = [cost(attention_config(_shape(s), v), seq).total_flops for v in ("baseline", "gated")]
+        assert s["layer"]["gated"]["flop_ratio"] == pytest.approx(flops[1] / flops[0])
+        assert {"hf:Qwen3NextAttention", "ours:gated-from-Qwen3Next", "hf:GptOssAttention",
+                "ours:sink-from-GptOss"} <= set(s["layer"])
+        assert len(s["vs_hf"]) == 4
+    assert res["kv_cache"]["gqa"]["bytes_per_token"] > 0 and res["kv_cache"]["mla_over_gqa"] > 0
+    assert {t["met"] for t in res["targets"]} <= {True, False, None}
+    md = format_markdown(res)
+    assert "## Targets" in md and "Qwen3NextAttention" in md and "MLA / GQA" in md
+
+
+def _shape(s):
+    return Shape(**{k: v for k, v in s["shape"].items() if k != "decode_prompt"})
