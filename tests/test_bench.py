@@ -15,7 +15,7 @@ from gatedattn.bench.report import format_markdown
 from gatedattn.bench.runner import add_ratios, decode_rate
 from gatedattn.bench.step import bench_optimizer, train_step
 from gatedattn.bench.targets import TARGETS, evaluate
-from gatedattn.bench.timing import interleaved_times, quartiles, summarize
+from gatedattn.timing import interleaved_times, quartiles, summarize
 from gatedattn.bench.workloads import attention_config
 from gatedattn.model import GatedLM, ModelConfig
 from gatedattn.precision import resolve_dtype
@@ -44,7 +44,7 @@ def test_interleaved_rounds_run_each_workload_once_per_round_after_warmup():
         return run
 
     times = interleaved_times({n: workload(n) for n in "abc"}, repeats=3, warmup=2, clock=clock)
-    assert calls == list("abc") * 5  # 2 warm-up rounds, then 3 timed rounds, A B C each
+    assert calls == list("abc") * 3 + list("cba") + list("abc")  # 2 warm-up rounds, then 3 timed rounds, alternating
     assert times == durations  # warm-up calls are not timed
     assert [summarize(times[n]).median for n in "abc"] == [2.0, 20.0, 7.0]
 

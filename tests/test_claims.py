@@ -154,12 +154,12 @@ def test_stability_claim_from_lr_study(base_div, gated_div, expected):
 
 
 def test_interleaved_times_alternate_the_order():
-    from gatedattn.reproduce.timing import interleaved_times
+    from gatedattn.timing import interleaved_times
 
     calls = []
     steps = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
-    samples = interleaved_times(steps, rounds=3, repeats=2, warmup=1)
+    samples = interleaved_times(steps, repeats=3, per_sample=2, warmup=1)
     assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3} and all(t >= 0 for v in samples.values() for t in v)
     assert calls == ["a", "b"] + ["a", "a", "b", "b"] + ["b", "b", "a", "a"] + ["a", "a", "b", "b"]
-    with pytest.raises(ValueError, match="rounds"):
-        interleaved_times(steps, rounds=0)
+    with pytest.raises(ValueError, match="repeats"):
+        interleaved_times(steps, repeats=0)

@@ -21,7 +21,7 @@ from gatedattn.bench.config import REFERENCE, BenchConfig, Shape
 from gatedattn.bench.kvcache import mla_vs_gqa
 from gatedattn.bench.memory import cpu_training_bytes, cuda_peak_bytes
 from gatedattn.bench.targets import evaluate
-from gatedattn.bench.timing import interleaved_times, summarize
+from gatedattn.timing import interleaved_times, summarize
 from gatedattn.bench.workloads import (HF_GPT_OSS, HF_QWEN3, HF_QWEN3_NEXT, OURS_GPT_OSS, OURS_QWEN3_NEXT,
                                        Context, Workload, build)
 from gatedattn.device import resolve_device

@@ -39,7 +39,7 @@ from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.report import write_lr_report, write_report
-from gatedattn.reproduce.timing import interleaved_times
+from gatedattn.timing import interleaved_times
 from gatedattn.settings import option
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.config import ModelRecipe, has_gate
@@ -368,7 +368,7 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
     if results["variants"]:
         _say("timing training steps of each variant in interleaved rounds")
-        samples = interleaved_times({v: make_step(cfg, v, data) for v in variants_run})
+        samples = interleaved_times({v: make_step(cfg, v, data) for v in variants_run}, repeats=7, warmup=2, per_sample=3)
         results["step_time_samples"] = samples
         results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
     n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10)
