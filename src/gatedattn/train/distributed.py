@@ -69,8 +69,13 @@ def setup(device_pref: str = "auto") -> DistEnv:
 
 
 def teardown(env: DistEnv) -> None:
+    """Destroy the process group once every rank is here (a rank that destroys its group
+    while another still talks to it can abort the process at exit)."""
     if env.owns_group and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def wrap(model: nn.Module, env: DistEnv, fsdp: bool) -> nn.Module:
