@@ -46,7 +46,7 @@ def format_markdown(res: dict) -> str:
         f"gatedattn {code.get('gatedattn_version')} at {code.get('git_commit')}{' (dirty)' if code.get('git_dirty') else ''}",
         f"- device {h['device']}, precision {h['precision']['dtype']} ({h['precision']['reason']}), "
         f"torch.compile {'on' if h['compile'] else 'off'}",
-        f"- timings: median of {h['repeats']} repeats interleaved across workloads (A, B, C, A, B, C, ...) after "
+        f"- timings: median of {h['repeats']} repeats interleaved across workloads (A, B, C, C, B, A, ...; garbage collection paused while timing) after "
         f"{h['warmup']} warm-up rounds; spread = interquartile range / median",
         f"- memory: {h['memory_meter']}",
         f"- ratios are against `{REFERENCE}` measured in the same run",
