@@ -1,4 +1,4 @@
-"""The Trainer against the trainer it replaced: the same losses bit for bit, and a run
+"""The Trainer against the trainer it replaced: the same losses (to float32 rounding), and a run
 directory written by the old code resumes to the old code's losses.
 
 ``tests/data/legacy_losses.json`` and ``tests/data/legacy_run`` were recorded with the
@@ -35,12 +35,19 @@ def _legacy() -> dict:
     return json.loads((LEGACY / "legacy_losses.json").read_text())
 
 
+def _close(hexes: list[str]):
+    """The recorded losses, to within float32 rounding: recorded on an AVX-512 CPU, they
+    differ in the last bits where other CPU kernels sum in another order, and the steps carry
+    that on (AVX2 kernels: up to 4e-6 relative after six steps)."""
+    return pytest.approx([float.fromhex(h) for h in hexes], rel=1e-4, abs=0)
+
+
 @pytest.mark.parametrize("case", ["gated", "baseline_accum2", "hyga_sink_silu", "muon"])
-def test_same_losses_bit_for_bit_as_the_previous_trainer(data_dir, tmp_path, case):
+def test_same_losses_as_the_previous_trainer(data_dir, tmp_path, case):
     rec = _legacy()[case]
     r = train(make_cfg(data_dir, tmp_path / case, **rec["config"]))
-    assert [x.hex() for x in r.losses] == rec["losses"]
-    assert r.val_loss.hex() == rec["val_loss"]
+    assert r.losses == _close(rec["losses"])
+    assert [r.val_loss] == _close([rec["val_loss"]])
 
 
 def test_a_run_written_by_the_previous_trainer_resumes(data_dir, tmp_path):
@@ -50,7 +57,7 @@ def test_a_run_written_by_the_previous_trainer_resumes(data_dir, tmp_path):
     old_config = json.loads((run / "config.json").read_text())
     assert "variant" in old_config["train"] and "model" not in old_config["train"]  # the flat, older form
     r = train(make_cfg(data_dir, run, **rec["config"]), resume=True)
-    assert r.complete and [x.hex() for x in r.losses] == rec["losses"]
+    assert r.complete and r.losses == _close(rec["losses"])
     kinds = [json.loads(line)["kind"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert "resume" in kinds
 
