@@ -22,7 +22,8 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("first", ["import gatedattn", "import transformers; import gatedattn"])
+@pytest.mark.parametrize("first", ["import gatedattn", "import transformers; import gatedattn",
+                                   "import gatedattn.hf.auto", "import gatedattn.hf.configuration"])
 def test_auto_classes_after_plain_import(tmp_path, first):
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(first=first), str(tmp_path / "m")],
                           capture_output=True, text=True, timeout=300)

@@ -148,3 +148,7 @@ def register_auto() -> None:
     (idempotent)."""
     AutoConfig.register(MODEL_TYPE, GatedAttnHFConfig, exist_ok=True)
     AutoModelForCausalLM.register(GatedAttnHFConfig, GatedAttnForCausalLM, exist_ok=True)
+
+
+if __name__ == "gatedattn.hf.auto":  # imported from the package (not as a self-contained copy)
+    register_auto()

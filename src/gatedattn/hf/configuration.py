@@ -8,6 +8,7 @@ from ``ModelConfig``'s fields, so a field added there needs no edit here.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import typing
 from typing import Any
 
@@ -52,3 +53,7 @@ def _hf_config_namespace() -> dict[str, Any]:
 
 
 GatedAttnHFConfig = type("GatedAttnHFConfig", (_ModelConfigBridge, PreTrainedConfig), _hf_config_namespace())
+
+
+if __name__ == "gatedattn.hf.configuration":  # imported from the package (not as a self-contained copy):
+    importlib.import_module("gatedattn.hf.auto")  # the Auto classes register themselves there

@@ -14,6 +14,11 @@ import importlib.util
 import sys
 
 
+# modules whose import imports transformers; while one of them is being imported, the Auto
+# classes are not complete yet
+_HF_MODULES = frozenset({"gatedattn.hf.auto", "gatedattn.hf.configuration"})
+
+
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != "transformers":
@@ -26,6 +31,8 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run_module(module)
+            if _HF_MODULES & sys.modules.keys():
+                return  # transformers was imported by one of them: gatedattn.hf.auto registers at its end
             from gatedattn.hf.auto import register_auto
 
             register_auto()
