@@ -3,6 +3,8 @@ measure, ratios and targets, and a --quick run end to end."""
 
 import json
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -13,7 +15,7 @@ from gatedattn.bench.kvcache import cache_bytes_per_token
 from gatedattn.bench.memory import SavedTensorMeter, cpu_training_bytes, tensors_in, unique_storage_bytes
 from gatedattn.bench.report import format_markdown
 from gatedattn.bench.runner import add_ratios, decode_rate
-from gatedattn.bench.step import bench_optimizer, train_step
+from gatedattn.bench.step import LogitsOf, step_trainer
 from gatedattn.bench.targets import TARGETS, evaluate
 from gatedattn.timing import interleaved_times, quartiles, summarize
 from gatedattn.bench.workloads import attention_config
@@ -129,15 +131,36 @@ def test_cache_measure_does_not_depend_on_the_cache_attribute_names():
 
 
 # ----------------------------------------------------------------------------- step
-def test_train_step_updates_the_model_and_clips():
+def test_the_step_timed_is_the_trainers_own():
+    """bench's training step is ``Trainer.train_step`` on the given model and batch: the same
+    losses as the trainer's own step on that model, and the model is updated and zeroed."""
+    from gatedattn.train.trainer import Trainer
+
     cfg = ModelConfig.from_preset("micro", vocab_size=32)
+    batch = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
     model = GatedLM(cfg)
     before = [p.detach().clone() for p in model.parameters()]
-    batch = torch.randint(0, 32, (2, 9))
-    loss = train_step(model, model.loss, batch, bench_optimizer(model), resolve_dtype("fp32"), torch.device("cpu"))
-    assert loss.ndim == 0 and torch.isfinite(loss)
+    with torch.no_grad():
+        expected = model.loss(batch).item()
+    trainer = step_trainer(model, batch, 32, resolve_dtype("fp32"), torch.device("cpu"))
+    assert isinstance(trainer, Trainer) and trainer.model is model
+    stats = [trainer.train_step() for _ in range(3)]
+    assert all(math.isfinite(s.loss) for s in stats) and stats[2].loss < stats[0].loss  # it learns the batch
     assert all(p.grad is None for p in model.parameters())  # zeroed after the update
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert stats[0].loss == pytest.approx(expected, rel=1e-6)  # the model's own loss on the batch, before the update
+
+
+def test_transformers_models_step_through_the_trainer_too():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    batch = torch.randint(0, 32, (2, 9))
+    trainer = step_trainer(LogitsOf(hf), batch, 32, resolve_dtype("fp32"), torch.device("cpu"))
+    first, second = trainer.train_step(), trainer.train_step()
+    assert math.isfinite(first.loss) and second.loss < first.loss
 
 
 # ----------------------------------------------------------------------------- ratios, targets

@@ -70,7 +70,7 @@ def format_markdown(res: dict) -> str:
                          "memory / baseline"], [
             [n, _ms(r["median_s"]), _pct(r["iqr_over_median"]), _num(r.get("time_ratio")), _num(r.get("flop_ratio")),
              _mib(r["memory_bytes"]), _num(r.get("memory_ratio"))] for n, r in s["layer"].items()])
-        lines += ["", "### Training step (forward, fp32 loss, backward, clip, AdamW)", ""]
+        lines += ["", "### Training step (`Trainer.train_step`: forward, fp32 loss, backward, clip, AdamW)", ""]
         lines += _table(["workload", "median ms", "spread", "tokens/s", "tokens/s / baseline", "memory MiB",
                          "memory / baseline", "FLOPs / baseline"], [
             [n, _ms(r["median_s"]), _pct(r["iqr_over_median"]), _num(r["tokens_per_s"], ",.0f"),

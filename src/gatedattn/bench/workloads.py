@@ -3,7 +3,7 @@
 Four kinds per shape, each a dict ``name -> Workload``:
 
 - ``layer``: one attention layer, forward and backward, on (batch, seq_len, d_model);
-- ``train``: one training step (``step.train_step``) of a small ``GatedLM``;
+- ``train``: one step of the trainer (``Trainer.train_step``, see ``step.py``) of a small ``GatedLM``;
 - ``decode`` / ``prefill``: greedy cached generation of ``decode_new`` tokens / of one token
   after the same prompt (their difference is the decoding cost alone).
 
@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gatedattn.bench.config import Shape
-from gatedattn.bench.step import bench_optimizer, train_step
+from gatedattn.bench.step import LogitsOf, step_trainer
 from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.precision import Precision
 from gatedattn.variants import get_variant
@@ -165,21 +164,24 @@ def _batch(shape: Shape, device: torch.device) -> torch.Tensor:
     return torch.randint(0, shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=gen).to(device)
 
 
-def _train_workload(ctx: Context, model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> Workload:
+def _train_workload(ctx: Context, model: nn.Module) -> Workload:
+    """The trainer's own step of ``model`` (compiled with ``--compile``; the eager trainer
+    shares the parameters and serves the CPU memory meter)."""
     batch = _batch(ctx.shape, ctx.device)
-    opt = bench_optimizer(model)
-    compiled = ctx.maybe_compile(loss_fn)
+    trainer = step_trainer(model, batch, ctx.shape.vocab_size, ctx.precision, ctx.device)
+    compiled = trainer
+    if ctx.compile:
+        compiled = step_trainer(ctx.maybe_compile(model), batch, ctx.shape.vocab_size, ctx.precision, ctx.device)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def resident() -> list[torch.Tensor]:
-        state = [t for o in opt.optimizers for st in o.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        opts = {id(t.opt): t.opt for t in (trainer, compiled)}.values()
+        state = [t for opt in opts for o in opt.optimizers for st in o.state.values() for t in st.values()
+                 if isinstance(t, torch.Tensor)]
         return [*params, *state]
 
-    def make(fn):
-        return lambda: train_step(model, fn, batch, opt, ctx.precision, ctx.device)
-
-    return Workload(make(compiled), ctx.shape.batch * ctx.shape.seq_len, params=params, resident=resident,
-                    eager=make(loss_fn))
+    return Workload(compiled.train_step, ctx.shape.batch * ctx.shape.seq_len, params=params, resident=resident,
+                    eager=trainer.train_step)
 
 
 def _decode_workloads(ctx: Context, generate: Callable[[torch.Tensor, int], torch.Tensor]) -> tuple[Workload, Workload]:
@@ -205,7 +207,7 @@ def our_model(ctx: Context, variant: str) -> dict[str, Workload]:
     model = GatedLM(model_config(ctx.shape, variant)).to(ctx.device).train()
     decode, prefill = _decode_workloads(
         ctx, lambda ids, n: model.generate(ids, n, temperature=0, use_cache=True))
-    return {"train": _train_workload(ctx, model, model.loss), "decode": decode, "prefill": prefill}
+    return {"train": _train_workload(ctx, model), "decode": decode, "prefill": prefill}
 
 
 def hf_model(ctx: Context) -> dict[str, Workload]:
@@ -221,10 +223,6 @@ def hf_model(ctx: Context) -> dict[str, Workload]:
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).to(ctx.device).train()
 
-    def loss(batch: torch.Tensor) -> torch.Tensor:
-        logits = model(input_ids=batch[:, :-1], use_cache=False).logits
-        return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-
     def generate(ids: torch.Tensor, n: int) -> torch.Tensor:
         was = model.training
         model.eval()
@@ -234,7 +232,7 @@ def hf_model(ctx: Context) -> dict[str, Workload]:
         return out
 
     decode, prefill = _decode_workloads(ctx, generate)
-    return {"train": _train_workload(ctx, model, loss), "decode": decode, "prefill": prefill}
+    return {"train": _train_workload(ctx, LogitsOf(model)), "decode": decode, "prefill": prefill}
 
 
 def build(ctx: Context, variants: tuple[str, ...], hf: bool) -> dict[str, dict[str, Workload]]:

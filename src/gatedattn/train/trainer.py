@@ -121,7 +121,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, data: TokenData, *, env: D.DistEnv | None = None,
                  eval_hook: EvalHook | None = None, log: MetricsLog | None = None, out: Path | None = None,
-                 resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None):
+                 resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
+                 model: torch.nn.Module | None = None):
         self.cfg, self.data, self.eval_hook, self.log, self.out = cfg, data, eval_hook, log, out
         self.env = env if env is not None else local_env(cfg.device)
         world = self.env.world_size
@@ -133,7 +134,9 @@ class Trainer:
         self.state = TrainState()
         self.autocast = resolve_dtype(cfg.dtype, self.env.device).autocast
         torch.manual_seed(cfg.seed)
-        self.model = GatedLM(self.model_cfg)
+        # ``model``: train this module instead of a GatedLM built from the recipe (any module
+        # mapping ids (B, T) to logits (B, T, V); ``gatedattn bench`` times other models' steps so)
+        self.model = model if model is not None else GatedLM(self.model_cfg)
         if resume is not None:
             self.state.load_state_dict(resume[1])
             self.model.load_state_dict(resume[0], strict=False)  # tied lm_head shares embed
