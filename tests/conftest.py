@@ -1,5 +1,17 @@
-import pytest
-import torch
+import atexit
+import os
+import shutil
+import tempfile
+
+# torch.compile's on-disk kernel cache (/tmp/torchinductor_<user>) outlives a run; a kernel
+# cached by a run with other CPU kernels (ATEN_CPU_CAPABILITY) can crash a later one. The
+# suite compiles into a cache of its own. Set before torch is imported.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gatedattn-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
