@@ -51,28 +51,19 @@ def make_plots(results: dict, out: Path) -> dict[str, str]:
     made: dict[str, str] = {}
     for depth, block in results["depths"].items():
         runs = block["runs"]
-        bos = {}
-        for v in runs:
-            for cls in ("ordinary", "trigger"):
-                curves = _seed_curves(runs[v], f"bos_attn_{cls}")
-                if curves and (v in ("baseline", "gated") or cls == "ordinary"):
-                    bos[f"{v} · {cls}"] = curves
-        if bos:
-            name = f"bos_attention_L{depth}"
-            plots.plot_loss_curves(bos, out / f"{name}.png", title=f"Attention on BOS by query class, {depth} layer(s)",
-                                   ylabel="attention probability on BOS", xlabel="training step")
-            made[name] = f"{name}.png"
-        gates = {}
-        for v in runs:
-            for cls in ("trigger", "ordinary"):
-                curves = _seed_curves(runs[v], f"gate_{cls}")
-                if curves:
-                    gates[f"{v} · {cls}"] = curves
-        if gates:
-            name = f"gate_score_L{depth}"
-            plots.plot_loss_curves(gates, out / f"{name}.png", title=f"Gate score by query class, {depth} layer(s)",
-                                   ylabel="mean gate score", xlabel="training step")
-            made[name] = f"{name}.png"
+        figures = (
+            (f"bos_attention_L{depth}", "bos_attn", ("ordinary", "trigger"),
+             lambda v, cls: v in ("baseline", "gated") or cls == "ordinary",
+             f"Attention on BOS by query class, {depth} layer(s)", "attention probability on BOS"),
+            (f"gate_score_L{depth}", "gate", ("trigger", "ordinary"), lambda v, cls: True,
+             f"Gate score by query class, {depth} layer(s)", "mean gate score"),
+        )
+        for name, metric, classes, keep, title, ylabel in figures:
+            curves = {f"{v} · {cls}": c for v in runs for cls in classes
+                      if (c := _seed_curves(runs[v], f"{metric}_{cls}")) and keep(v, cls)}
+            if curves:
+                plots.plot_loss_curves(curves, out / f"{name}.png", title=title, ylabel=ylabel, xlabel="training step")
+                made[name] = f"{name}.png"
     return made
 
 
