@@ -7,7 +7,7 @@
 # 1. the CUDA attention paths against the reference (tests/test_ops.py -k cuda);
 # 2. gatedattn bench on the GPU with bf16 where supported and torch.compile:
 #    $OUT/bench-gpu.json (and the same as Markdown in $OUT/bench-gpu.md);
-# 3. a short GPU reproduction: $OUT/repro-gpu/.
+# 3. the GPU scale-up of the reproduction (scripts/reproduce_gpu.sh, 8 minutes): $OUT/repro-gpu/.
 # Each step's output goes to $OUT/<step>.log; the script runs every step and exits non-zero
 # if any failed (a missing CUDA test collection counts as a failure).
 set -uo pipefail
@@ -38,7 +38,7 @@ if [ -f "$OUT/bench-gpu.json" ]; then
     "$PY" -c "import json, sys; from gatedattn.bench.report import format_markdown; \
 print(format_markdown(json.load(open(sys.argv[1]))))" "$OUT/bench-gpu.json" > "$OUT/bench-gpu.md"
 fi
-step repro "$PY" -m gatedattn.cli reproduce --preset base --set device=cuda --budget-minutes 8 --out "$OUT/repro-gpu"
+step repro env OUT="$OUT/repro-gpu" bash scripts/reproduce_gpu.sh
 
 if [ ${#failed[@]} -gt 0 ]; then
     echo "FAILED: ${failed[*]} (logs in $OUT)"

@@ -163,3 +163,64 @@ def test_interleaved_times_alternate_the_order():
     assert calls == ["a", "b"] + ["a", "a", "b", "b"] + ["b", "b", "a", "a"] + ["a", "a", "b", "b"]
     with pytest.raises(ValueError, match="repeats"):
         interleaved_times(steps, repeats=0)
+
+
+def test_stability_reports_first_spike_and_divergence():
+    from gatedattn.reproduce.claims import first_unstable_lr
+
+    runs = [{"variant": "baseline", "lr": 1e-2, "spikes": 0, "diverged": False},
+            {"variant": "baseline", "lr": 3e-2, "spikes": 2, "diverged": False},
+            {"variant": "baseline", "lr": 1e-1, "spikes": 1, "diverged": True},
+            {"variant": "gated", "lr": 1e-2, "spikes": 0, "diverged": False},
+            {"variant": "gated", "lr": 3e-2, "spikes": 0, "diverged": False},
+            {"variant": "gated", "lr": 1e-1, "spikes": 1, "diverged": False}]
+    assert first_unstable_lr(runs, "baseline") == {"spike": 3e-2, "diverged": 1e-1}
+    assert first_unstable_lr(runs, "gated") == {"spike": 1e-1, "diverged": None}
+    row = next(x for x in judge_all({"summary": {}, "lr_study": {"runs": runs}}) if x["key"] == "ga-stability")
+    assert row["verdict"] == HELD
+    assert "first loss spike at LR 0.03 (baseline) vs 0.1 (gated)" in row["measured"]
+    assert "first divergence at LR 0.1 (baseline) vs none (gated)" in row["measured"]
+    # no divergence anywhere: more spikes with the gate goes the other way
+    flipped = [{**r, "diverged": False, "spikes": 3 if r["variant"] == "gated" else 0} for r in runs]
+    row = next(x for x in judge_all({"summary": {}, "lr_study": {"runs": flipped}}) if x["key"] == "ga-stability")
+    assert row["verdict"] == NOT_HELD
+
+
+def _sink_results(base_layer, gated_layer, base_mean=0.05, sink_eps=0.25):
+    r = results(baseline={"f_attn": stat(base_mean), "sink_eps": stat(sink_eps), "f_attn_strongest": stat(*base_layer)},
+                gated={"f_attn": stat(0.02), "sink_eps": stat(0.0), "f_attn_strongest": stat(*gated_layer)})
+    r["strongest_layer"] = 3
+    return r
+
+
+@pytest.mark.parametrize("base_layer,gated_layer,sink_eps,expected", [
+    ((0.30, 0.32, 0.31), (0.05, 0.06, 0.05), 0.25, HELD),
+    ((0.30, 0.32, 0.31), (0.40, 0.41, 0.42), 0.25, NOT_HELD),
+    ((0.30, 0.32, 0.31), (0.05, 0.06, 0.05), 0.0, NOT_MEASURABLE),    # no sink head: nothing to remove
+    ((0.030, 0.031, 0.03), (0.01, 0.01, 0.01), 0.25, NOT_MEASURABLE),  # below 2x uniform at that layer
+    ((0.30, 0.10, 0.50), (0.20, 0.05, 0.35), 0.25, NOT_MEASURABLE),    # within seed noise
+])
+def test_strongest_layer_sink_claim(base_layer, gated_layer, sink_eps, expected):
+    row = next(x for x in judge_all(_sink_results(base_layer, gated_layer, sink_eps=sink_eps))
+               if x["key"] == "ga-sink-layer")
+    assert row["verdict"] == expected
+    if expected != NOT_MEASURABLE:
+        assert "F-Attn at layer 3" in row["measured"]
+
+
+def _sweep(ref_losses, points):
+    rows = [{"variant": "gated", "d_int": None, "seed": s, "val_loss": x, "gate_flops": 1000} for s, x in enumerate(ref_losses)]
+    rows += [{"variant": "hyga-lowrank", "d_int": d, "seed": 0, "val_loss": x, "gate_flops": f} for d, f, x in points]
+    return {"summary": {}, "rank_sweep": {"steps": 10, "rows": rows}}
+
+
+@pytest.mark.parametrize("ref,points,expected,why", [
+    ([4.00], [(8, 200, 4.05), (32, 300, 3.98), (64, 600, 3.95)], HELD, "d_int 32 matches or beats G1 at 30 %"),
+    ([4.00, 4.02], [(16, 250, 4.03)], HELD, "d_int 16"),                        # within the gated runs' noise
+    ([4.00, 4.001], [(16, 250, 4.10), (64, 600, 3.9)], NOT_HELD, "loses to it"),
+    ([4.00], [(64, 600, 3.9)], NOT_MEASURABLE, "no d_int costs"),
+    ([], [(16, 250, 3.9)], NOT_MEASURABLE, "no `gated` reference"),
+])
+def test_lowrank_claim_from_rank_sweep(ref, points, expected, why):
+    row = next(x for x in judge_all(_sweep(ref, points)) if x["key"] == "hyga-lowrank")
+    assert row["verdict"] == expected and why in row["measured"]

@@ -72,7 +72,7 @@ def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
         (docs / f"{i}.txt").write_text(f"Document {i}. " + "The cat sat on the mat. " * 80)
     prepare([docs], tmp_path / "data", vocab_size=300, progress=False)
     cfg = ReproduceConfig.quick(steps=None, budget_minutes=1.0, variants=("baseline", "gated"), preset="micro")
-    monkeypatch.setattr(runner, "time_step", lambda c, v, d: {"baseline": 0.1, "gated": 0.2}[v])
+    monkeypatch.setattr(runner, "time_steps", lambda c, d: {"baseline": 0.1, "gated": 0.2})
     steps, timed = runner.plan_steps(cfg, TokenData(tmp_path / "data"), 1)
     assert timed == {"baseline": 0.1, "gated": 0.2}
     assert steps == 160  # 60 s * 0.8 / (0.1 + 0.2) s, rounded down to tens

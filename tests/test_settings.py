@@ -46,6 +46,7 @@ REPRODUCE_VALUES = {
     "variants": ("gated,hyga", ("gated", "hyga")), "seeds": ("2", 2), "budget_minutes": ("5", 5.0),
     "steps": ("none", None), "out_dir": ("r2", "r2"), "evals": ("3", 3), "analysis_sequences": ("16", 16),
     "multiples": ("1,3", (1, 3)), "study": ("lr", "lr"), "lrs": ("1e-3,1e-2", (1e-3, 1e-2)),
+    "ranks": ("4,8", (4, 8)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")),
 }
 # a key that is only valid together with another setting
 NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"]}

@@ -361,3 +361,58 @@ def plot_extrapolation(
     fig.legend(handles=variant_handles, title="variant", loc="outside right upper", **legend)
     fig.legend(handles=method_handles, title="RoPE", loc="outside right lower", **legend)
     return _save(fig, path)
+
+
+def plot_sink_calibration(
+    series: Mapping[str, Mapping[str, Sequence[float]]],
+    path: PathLike,
+    title: str = "Baseline first-token attention against tokens seen",
+    figsize: tuple[float, float] = (11.0, 4.5),
+) -> Path:
+    """Two panels, one line per setting: F-Attn averaged over layers and F-Attn of the
+    strongest layer, both as multiples of uniform causal attention (1 = no sink), against
+    tokens seen. series: name -> dict(tokens=[...], mean=[...], strongest=[...])."""
+    _require(series, "plot_sink_calibration")
+    assign_colors(series)
+    fig = _figure(figsize)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, key, label in zip(axes, ("mean", "strongest"), ("averaged over layers", "strongest layer")):
+        for name, s in series.items():
+            ax.plot(np.asarray(s["tokens"], dtype=np.float64), np.asarray(s[key], dtype=np.float64),
+                    color=variant_color(name), label=name, marker=_marker(len(s["tokens"])), ms=3)
+        ax.axhline(1.0, color="0.5", lw=0.8, ls=":")
+        ax.axhline(2.0, color="0.5", lw=0.8, ls="--")
+        ax.xaxis.set_major_formatter(EngFormatter())
+        ax.set(xlabel="tokens seen", title=f"F-Attn {label}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("F-Attn / uniform (dashed: the sink rule's 2x)")
+    _legend(axes[1])
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_loss_vs_cost(
+    series: Mapping[str, Sequence[tuple[float, float, str]]],
+    path: PathLike,
+    xlabel: str = "gate FLOPs per attention layer (log scale)",
+    ylabel: str = "validation loss",
+    title: str = "Loss against gate cost",
+    figsize: tuple[float, float] = (7.0, 4.5),
+) -> Path:
+    """One line of labelled points per family: series: name -> [(cost, loss, label), ...]."""
+    _require(series, "plot_loss_vs_cost")
+    assign_colors(series)
+    fig = _figure(figsize)
+    ax = fig.add_subplot()
+    for name, pts in series.items():
+        pts = sorted(pts)
+        xs = np.asarray([p[0] for p in pts], dtype=np.float64)
+        ys = np.asarray([p[1] for p in pts], dtype=np.float64)
+        ax.plot(xs, ys, color=variant_color(name), label=name, marker="o", ms=5, ls="-" if len(pts) > 1 else "none")
+        for x, y, label in pts:
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+    ax.set_xscale("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return _save(fig, path)

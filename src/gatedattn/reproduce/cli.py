@@ -25,7 +25,9 @@ def _run_mechanism(args: argparse.Namespace) -> int:
 
     unused = [flag for flag, value in (("--budget-minutes", args.budget_minutes), ("--data", args.data),
                                        ("--preset", args.preset), ("--lrs", args.lrs), ("--dtype", args.dtype),
-                                       ("--multiples", args.multiples), ("--set", args.set)) if value is not None]
+                                       ("--multiples", args.multiples), ("--set", args.set), ("--levers", args.levers),
+                                       ("--ranks", args.ranks), ("--fold", args.fold))
+              if value is not None]
     if unused:
         raise ConfigError(f"{', '.join(unused)} do not apply to --study mechanism (it trains the `toy` model in fp32 "
                           "on generated data); it takes --variants, --steps, --seeds, --seq-len, --batch-size, --lr, "
@@ -40,6 +42,30 @@ def _run_mechanism(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_calibration(args: argparse.Namespace) -> int:
+    from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
+
+    unused = [flag for flag, value in (("--variants", args.variants), ("--seeds", args.seeds),
+                                       ("--preset", args.preset), ("--seq-len", args.seq_len),
+                                       ("--batch-size", args.batch_size), ("--lr", args.lr), ("--lrs", args.lrs),
+                                       ("--dtype", args.dtype), ("--multiples", args.multiples),
+                                       ("--workers", args.workers), ("--ranks", args.ranks), ("--fold", args.fold))
+              if value is not None]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)} do not apply to --study calibrate (each lever is the baseline with "
+                          "one recipe change); it takes --levers, --budget-minutes (per lever), --steps, --data, "
+                          "--set (on every lever's base recipe), --out, --quick")
+    given = {"levers": args.levers, "minutes_per_run": args.budget_minutes, "steps": args.steps,
+             "data_dir": args.data, "out_dir": args.out, "base_sets": tuple(args.set or ()),
+             "progress": not args.quiet}
+    given = {k: v for k, v in given.items() if v is not None}
+    cfg = CalibrationConfig.quick(**given) if args.quick else CalibrationConfig(**given)
+    check_writable(cfg.out_dir, "--out", kind="dir")
+    report = run_calibration(cfg, command=_command())
+    print(f"report: {report}")
+    return 0
+
+
 def _command() -> str | None:
     return "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
 
@@ -47,6 +73,10 @@ def _command() -> str | None:
 def _run(args: argparse.Namespace) -> int:
     if args.study == "mechanism":
         return _run_mechanism(args)
+    if args.study == "calibrate":
+        return _run_calibration(args)
+    if args.levers is not None:
+        raise ConfigError("--levers applies to --study calibrate only")
     if args.workers is not None:
         raise ConfigError("--workers applies to --study mechanism only")
     given = {
@@ -54,6 +84,7 @@ def _run(args: argparse.Namespace) -> int:
         "steps": args.steps, "preset": args.preset, "seq_len": args.seq_len, "micro_batch": args.batch_size,
         "lr": args.lr, "lrs": args.lrs, "dtype": args.dtype, "data_dir": args.data, "out_dir": args.out,
         "multiples": args.multiples, "study": args.study, "progress": not args.quiet,
+        "ranks": args.ranks, "fold": tuple(args.fold) if args.fold else None,
     }
     given = {k: v for k, v in given.items() if v is not None}
     if args.budget_minutes is not None and args.steps is None:
@@ -65,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     flag_keys = {"variants": "--variants", "seeds": "--seeds", "budget_minutes": "--budget-minutes",
                  "steps": "--steps", "train.model.size": "--preset", "train.seq_len": "--seq-len",
                  "train.micro_batch": "--batch-size", "train.lr": "--lr", "lrs": "--lrs", "train.dtype": "--dtype",
-                 "multiples": "--multiples", "study": "--study"}
+                 "multiples": "--multiples", "study": "--study", "ranks": "--ranks", "fold": "--fold"}
     flags = {"out_dir": "--out", "train.data_dir": "--data",
              **{k: f for k, f in flag_keys.items() if getattr(args, f[2:].replace("-", "_"), None) is not None}}
     cfg = apply_sets(cfg, args.set or [], flags)
@@ -92,12 +123,20 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     p.add_argument("--lrs", type=_list_of(float, "--lrs"), help="learning-rate ladder for --study lr")
+    p.add_argument("--ranks", type=_list_of(int, "--ranks"),
+                   help="--study rank: hyga-lowrank inner widths d_int (default 8,16,32,64)")
+    p.add_argument("--fold", action="append", metavar="DIR",
+                   help="join the lr or rank study written in DIR (its --out) to this report's claims (repeatable)")
     p.add_argument("--dtype", choices=DTYPES,
                    help="auto (default): bf16 autocast where the device computes bf16 natively, else fp32")
     p.add_argument("--multiples", type=_list_of(int, "--multiples"), help="extrapolation lengths as multiples of the context (default 1,2,4,8)")
-    p.add_argument("--study", choices=("main", "lr", "mechanism"),
-                   help="main (default), the learning-rate stability study, or the Bigram-Backcopy mechanism study "
-                        "(attention sinks in one-head models, minutes on a CPU)")
+    p.add_argument("--study", choices=("main", "lr", "rank", "mechanism", "calibrate"),
+                   help="main (default), the learning-rate stability study, the HyGA low-rank width sweep, the "
+                        "Bigram-Backcopy mechanism study "
+                        "(attention sinks in one-head models, minutes on a CPU), or the sink calibration (when the "
+                        "baseline's first-token sink forms on natural text, per recipe lever)")
+    p.add_argument("--levers", type=_list_of(str, "--levers"),
+                   help="--study calibrate: levers to measure (default all; an unknown name lists them)")
     p.add_argument("--workers", type=int, help="--study mechanism: runs trained at a time (default 2)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the reproduction or its training (repeatable; keys below)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")

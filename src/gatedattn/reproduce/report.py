@@ -9,7 +9,8 @@ from typing import Any
 
 from gatedattn.analysis import plots
 from gatedattn.io import atomic_write_text
-from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, SINK_OVER_UNIFORM, judge_all
+from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, SINK_OVER_UNIFORM, first_unstable_lr, judge_all
+from gatedattn.reproduce.rank_sweep import rank_section
 
 # A report section: (results, output directory) -> markdown lines; it may write plots there.
 Section = Callable[[dict, Path], list[str]]
@@ -217,8 +218,13 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
         lines += _lr_table(results["lr_study"])
     for section in sections:
         lines += section(results, out)
-    lines += ["## Reproduce", "", "```bash", results["meta"]["command"], "```", "",
-              "All figures above come from `results.json` beside this report.", ""]
+    folded = results.get("folded") or []
+    lines += ["## Reproduce", "", "```bash", *(f["command"] for f in folded if f.get("command")),
+              results["meta"]["command"], "```", ""]
+    for f in folded:
+        lines += [f"The {' and '.join(k.replace('_', ' ') for k in f['studies'])} came from `{f['dir']}` "
+                  f"(machine: {f.get('machine')}), made by the command before the last one.", ""]
+    lines += ["All figures above come from `results.json` beside this report.", ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))
 
 
@@ -253,21 +259,36 @@ def _extrapolation_table(results: dict) -> list[str]:
 
 
 def _lr_table(study: dict[str, Any]) -> list[str]:
-    lines = ["## Learning-rate study", "", "| variant | LR | final loss | loss spikes | diverged |", "|---|---:|---:|---:|---|"]
-    for r in study["runs"]:
+    lines = ["## Learning-rate study", ""]
+    if study.get("recipe"):
+        lines += [f"Recipe: {study['recipe']}.", ""]
+    lines += ["| variant | LR | final loss | loss spikes | diverged |", "|---|---:|---:|---:|---|"]
+    for r in sorted(study["runs"], key=lambda r: (r["lr"], r["variant"])):
         loss = r.get("final_loss")
         loss_s = f"{loss:.3f}" if loss is not None and math.isfinite(loss) else str(loss)
         lines.append(f"| `{r['variant']}` | {r['lr']:g} | {loss_s} | {r.get('spikes', 0)} | {'yes' if r.get('diverged') else 'no'} |")
+    lines += ["", "| variant | first loss spike at LR | first divergence at LR |", "|---|---:|---:|"]
+    for v in dict.fromkeys(r["variant"] for r in study["runs"]):
+        first = first_unstable_lr(study["runs"], v)
+        lines.append(f"| `{v}` | {first['spike'] if first['spike'] is not None else 'none'} | "
+                     f"{first['diverged'] if first['diverged'] is not None else 'none'} |")
     return lines + [""]
 
 
-def write_lr_report(results: dict, out: str | Path) -> Path:
-    """``report.md`` for a learning-rate study alone (``--study lr``)."""
-    meta, study = results["meta"], results["lr_study"]
-    lines = ["# gatedattn learning-rate study", "", f"Command: `{meta['command']}`  ",
-             f"Machine: {meta['machine']}  ", f"Steps per run: {study['steps']}", ""]
-    lines += _lr_table(study)
-    claim = next(c for c in CLAIMS if c.key == "ga-stability")
+STUDY_CLAIMS = {"lr_study": ("learning-rate study", "ga-stability"), "rank_sweep": ("HyGA low-rank sweep", "hyga-lowrank")}
+
+
+def write_study_report(results: dict, out: str | Path) -> Path:
+    """``report.md`` for an lr or rank study alone (``--study lr`` / ``--study rank``)."""
+    out = Path(out)
+    meta = results["meta"]
+    key = next(k for k in STUDY_CLAIMS if results.get(k))
+    title, claim_key = STUDY_CLAIMS[key]
+    cfg = results.get("config") or {}
+    lines = [f"# gatedattn {title}", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
+             f"Model: {meta['model']}, T {cfg.get('seq_len')}  ", f"Steps per run: {results[key]['steps']}", ""]
+    lines += _lr_table(results[key]) if key == "lr_study" else rank_section(results, out)
+    claim = next(c for c in CLAIMS if c.key == claim_key)
     verdict = claim.judge(results)
     lines += [f"**{claim.statement}** (paper: {claim.paper}): {verdict.status} — {verdict.measured}", ""]
-    return atomic_write_text(Path(out) / "report.md", "\n".join(lines))
+    return atomic_write_text(out / "report.md", "\n".join(lines))

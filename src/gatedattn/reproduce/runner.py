@@ -34,11 +34,12 @@ from gatedattn.analysis.metrics import mean_std
 from gatedattn.layer_cost import cost
 from gatedattn.data import TokenData, prepare
 from gatedattn.errors import ConfigError
-from gatedattn.io import atomic_write_json, json_safe
+from gatedattn.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import judge_all
-from gatedattn.reproduce.report import write_lr_report, write_report
+from gatedattn.reproduce.rank_sweep import rank_section, rank_sweep
+from gatedattn.reproduce.report import write_report, write_study_report
 from gatedattn.timing import interleaved_times
 from gatedattn.settings import option
 from gatedattn.train import TrainConfig, train
@@ -48,7 +49,7 @@ from gatedattn.train.rundir import code_version, describe_code_version
 from gatedattn.train.trainer import Trainer
 from gatedattn.variants import VARIANTS
 
-STUDIES = ("main", "lr")
+STUDIES = ("main", "lr", "rank")
 SUMMARY_METRICS = (
     "val_loss", "val_ppl", "f_attn", "sink_eps", "m_act", "m_act_ratio", "gate_mean",
     "gate_frac_below_0.01", "gate_frac_below_0.001", "sink_mass",
@@ -94,8 +95,12 @@ class ReproduceConfig:
     evals: int = option(8, help="evaluations (with the sink metrics) per run")
     analysis_sequences: int = option(32, help="validation sequences the final analysis reads")
     multiples: tuple[int, ...] = option((1, 2, 4, 8), help="extrapolation lengths as multiples of the context")
-    study: str = option("main", help="main, or lr (the learning-rate stability study)")
+    study: str = option("main", help="main, lr (the learning-rate stability study) or rank (HyGA's low-rank "
+                                     "width against gate cost)")
     lrs: tuple[float, ...] = option((1e-3, 3e-3, 1e-2, 3e-2), help="learning-rate ladder of the lr study")
+    ranks: tuple[int, ...] = option((8, 16, 32, 64), help="inner widths d_int of hyga-lowrank in the rank study")
+    fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
+                                            "report's claims table")
     train: TrainConfig = field(default_factory=_base_train, metadata={
         "help": "the base training settings of every run", "exclude": _PER_RUN})
 
@@ -119,6 +124,8 @@ class ReproduceConfig:
         self._check_budget(owner)
         if any(lr <= 0 for lr in self.lrs):
             raise ConfigError(f"{owner}.lrs must be > 0")
+        if not self.ranks or any(not isinstance(r, int) or r <= 0 for r in self.ranks):
+            raise ConfigError(f"{owner}.ranks={self.ranks} must be one or more positive integers")
         if any(m < 1 for m in self.multiples):
             raise ConfigError(f"{owner}.multiples={self.multiples} must all be >= 1")
         for variant in self.variants:  # fail now, not after an hour: each run's config is valid
@@ -164,7 +171,7 @@ class ReproduceConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ReproduceConfig":
         data = dict(data)
-        for name in ("variants", "multiples", "lrs"):
+        for name in ("variants", "multiples", "lrs", "ranks", "fold"):
             if isinstance(data.get(name), list):
                 data[name] = tuple(data[name])
         if isinstance(data.get("train"), dict):
@@ -241,13 +248,24 @@ def make_step(cfg: ReproduceConfig, variant: str, data: TokenData) -> Callable[[
     return lambda: trainer.train_step()
 
 
-def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -> tuple[int, dict[str, float]]:
+def time_steps(cfg: ReproduceConfig, data: TokenData, repeats: int = 5) -> dict[str, float]:
+    """Seconds per training step of every variant here: medians of ``repeats`` interleaved
+    rounds (odd rounds in reverse order, two untimed rounds first), so that a burst of
+    load on the machine moves every variant's time alike and the median drops it."""
+    steps = {v: make_step(cfg, v, data) for v in cfg.variants}
+    samples = interleaved_times(steps, repeats=repeats, warmup=2)
+    return {v: statistics.median(s) for v, s in samples.items()}
+
+
+def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int,
+               counts: dict[str, int] | None = None) -> tuple[int, dict[str, float]]:
     """Training steps that fit the budget: 80 % of it for training, the rest for evaluation
-    and analysis; every variant gets the same number of steps (the same tokens)."""
+    and analysis; every variant gets the same number of steps (the same tokens).
+    ``counts``: runs of each variant per seed where not one each."""
     if cfg.budget_minutes is None:
         return cfg.steps, {}
-    step_s = {v: time_step(cfg, v, data) for v in cfg.variants}
-    per_step = sum(step_s.values()) * n_runs_per_variant
+    step_s = time_steps(cfg, data)
+    per_step = sum(s * (counts or {}).get(v, 1) for v, s in step_s.items()) * n_runs_per_variant
     steps = int(cfg.budget_minutes * 60 * 0.8 / per_step + 1e-9)
     steps = max(10, steps - steps % 10)
     eta = time.strftime("%H:%M", time.localtime(time.time() + cfg.budget_minutes * 60))
@@ -258,7 +276,8 @@ def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int) -
 
 
 class SinkTracker:
-    """Eval hook: F-Attn, Sink^eps and M-Act on a few validation sequences during training."""
+    """Eval hook: F-Attn (mean over layers, and ``f_attn_max`` of the strongest layer),
+    Sink^eps and M-Act on a few validation sequences during training."""
 
     def __init__(self, data: TokenData, seq_len: int, sequences: int = 4):
         self.batch = next(data.val_batches(seq_len=seq_len, batch_size=sequences, max_batches=1))
@@ -266,7 +285,8 @@ class SinkTracker:
     def __call__(self, model: torch.nn.Module, step: int, tokens: int) -> dict[str, float]:
         model = getattr(model, "module", model)
         r = analyze(model, [self.batch.to(next(model.parameters()).device)], layers_for_maps=[])
-        out = {"f_attn": r["f_attn"], "sink_eps": r["sink_eps"], "m_act": r["m_act"]}
+        out = {"f_attn": r["f_attn"], "f_attn_max": max(r["f_attn_per_layer"]), "sink_eps": r["sink_eps"],
+               "m_act": r["m_act"]}
         if r.get("gate_mean") is not None:
             out["gate_mean"] = r["gate_mean"]
         return {k: float(v) for k, v in out.items() if v is not None}
@@ -274,8 +294,8 @@ class SinkTracker:
 
 # ------------------------------------------------------------------------------ one run
 def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str, seed: int, steps: int,
-            out: Path, *, lr: float | None = None, analyse: bool = True) -> dict[str, Any]:
-    tag = f"{variant}-s{seed}" + (f"-lr{lr:g}" if lr is not None else "")
+            out: Path, *, lr: float | None = None, analyse: bool = True, tag: str | None = None) -> dict[str, Any]:
+    tag = tag or f"{variant}-s{seed}" + (f"-lr{lr:g}" if lr is not None else "")
     run_dir = out / "runs" / tag
     tcfg = cfg.train_config(variant, seed, steps=steps, out_dir=str(run_dir), lr=lr).replace(data_dir=str(data_dir))
     _say(f"training {tag}: {steps} steps of {tcfg.micro_batch}x{tcfg.seq_len} tokens")
@@ -312,7 +332,7 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
         "val_curve": {"steps": [r["step"] for r in eval_recs], "tokens": [r["tokens"] for r in eval_recs],
                       "val_loss": [r["val_loss"] for r in eval_recs]},
         "over_training": {"tokens": [r["tokens"] for r in tracked],
-                          **{k: [r[k] for r in eval_recs if k in r] for k in ("f_attn", "sink_eps", "m_act", "gate_mean")}},
+                          **{k: [r[k] for r in eval_recs if k in r] for k in ("f_attn", "f_attn_max", "sink_eps", "m_act", "gate_mean")}},
     }
 
 
@@ -340,22 +360,48 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def add_strongest_layer(results: dict[str, Any]) -> None:
+    """The layer where the baseline's sink is strongest (largest seed-mean F-Attn) as
+    ``results["strongest_layer"]``, and every variant's F-Attn at that layer as the summary
+    metric ``f_attn_strongest``; without a baseline, nothing."""
+    base = results["variants"].get("baseline")
+    if not base:
+        return
+    per_layer = [r["analysis"]["f_attn_per_layer"] for r in base["runs"] if r.get("analysis")]
+    if not per_layer:
+        return
+    means = [statistics.fmean(col) for col in zip(*per_layer)]
+    layer = max(range(len(means)), key=means.__getitem__)
+    results["strongest_layer"] = layer
+    for variant, entry in results["variants"].items():
+        values = [r["analysis"]["f_attn_per_layer"][layer] for r in entry["runs"] if r.get("analysis")]
+        if values:
+            mean, std = mean_std(values)
+            results["summary"][variant]["f_attn_strongest"] = {
+                "mean": mean, "std": None if math.isnan(std) else std, "values": values}
+
+
 # ------------------------------------------------------------------------------ entry points
 def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     """Run the whole reproduction; returns the path of ``report.md``."""
     started = time.time()
     out = Path(cfg.out_dir)
+    folds = read_folds(cfg.fold)
     data_dir = ensure_data(cfg)
     data = TokenData(data_dir, verify=True)  # every input checked before the output directory exists
     data.check_tokenizer()
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"config": {**cfg.to_dict(), **_report_fields(cfg.train)}, "variants": {}, "summary": {}}
 
+    step_s: dict[str, float] = {}
     if cfg.study == "lr":
         results["lr_study"] = lr_study(cfg, data_dir, data, out)
         variants_run = ["baseline", "gated"]
         steps = results["lr_study"]["steps"]
-        step_s: dict[str, float] = {}
+    elif cfg.study == "rank":
+        results["rank_sweep"] = rank_sweep(cfg, data_dir, data, out)
+        variants_run = ["gated", "hyga-lowrank"]
+        steps = results["rank_sweep"]["steps"]
     else:
         steps, step_s = plan_steps(cfg, data, cfg.seeds)
         variants_run = list(cfg.variants)
@@ -365,6 +411,8 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
             results["summary"][variant] = summarize(runs)
             atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
 
+    add_strongest_layer(results)
+    fold_in(results, folds)
     results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
     if results["variants"]:
         _say("timing training steps of each variant in interleaved rounds")
@@ -377,7 +425,7 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s)
     results["meta"] = {
-        "command": command or "gatedattn reproduce",
+        "command": command or "gatedattn reproduce" + ("" if cfg.study == "main" else f" --study {cfg.study}"),
         "machine": machine_description(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -395,8 +443,36 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     results["claims"] = judge_all(results) if results["variants"] else []
     atomic_write_json(out / "results.json", json_safe(results))
     if not results["variants"]:
-        return write_lr_report(results, out)
-    return write_report(results, out)
+        return write_study_report(results, out)
+    return write_report(results, out, sections=[rank_section])
+
+
+FOLDABLE = ("lr_study", "rank_sweep")
+
+
+def read_folds(dirs: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """The results of each study directory to fold in, read (and checked) before anything trains."""
+    folds = []
+    for d in dirs:
+        if not (Path(d) / "results.json").is_file():
+            raise ConfigError(f"ReproduceConfig.fold: {d} has no results.json (give the --out of an lr or rank study)")
+        other = read_json_object(Path(d) / "results.json")
+        if not any(other.get(k) for k in FOLDABLE):
+            raise ConfigError(f"ReproduceConfig.fold: {d}/results.json holds no {' or '.join(FOLDABLE)}")
+        folds.append((d, other))
+    return folds
+
+
+def fold_in(results: dict[str, Any], folds: list[tuple[str, dict[str, Any]]]) -> None:
+    """Join each folded lr or rank study to ``results`` (the claims table then judges it
+    too); ``results["folded"]`` records each one's command."""
+    for d, other in folds:
+        found = [k for k in FOLDABLE if other.get(k)]
+        for key in found:
+            results[key] = other[key]
+        results.setdefault("folded", []).append(
+            {"dir": str(d), "studies": found, "command": (other.get("meta") or {}).get("command"),
+             "machine": (other.get("meta") or {}).get("machine")})
 
 
 def _report_fields(t: TrainConfig) -> dict[str, Any]:
@@ -426,4 +502,15 @@ def lr_study(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -
         for variant in ("baseline", "gated"):
             r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
             runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
-    return {"steps": steps, "runs": runs}
+    return {"steps": steps, "runs": runs, "recipe": describe_recipe(cfg.train_config("baseline", 0, steps=steps),
+                                                                     data.vocab_size, steps)}
+
+
+def describe_recipe(t: TrainConfig, vocab_size: int, steps: int) -> str:
+    """The settings a study's runs share, in words (for reports of studies run apart)."""
+    m = t.model_config(vocab_size)
+    a = m.attention
+    return (f"{m.n_layers} layers, d_model {m.d_model}, {a.n_heads} heads, q/k norm {'on' if a.qk_norm else 'off'}, "
+            f"T {t.seq_len}, {t.micro_batch * t.grad_accum} sequences a step, {steps} steps, warm-up "
+            f"{min(t.warmup_steps, max(steps // 5, 1))}, {t.schedule} decay, weight decay {t.weight_decay:g}, "
+            f"gradient clipping {t.grad_clip:g}, {t.optimizer}")

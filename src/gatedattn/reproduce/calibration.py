@@ -1,0 +1,247 @@
+"""``gatedattn reproduce --study calibrate``: when does the baseline's first-token sink
+form on natural text, and which settings make it form within the main job's budget?
+
+Each *lever* is one change to a base recipe (q/k norm, learning rate, weight decay,
+context length, depth and width, vocabulary, corpus mix). Every lever trains the
+``baseline`` alone for the same wall-clock time, the time one run of the default
+``gatedattn reproduce`` gets here (its budget shared by its variants and seeds), and
+records F-Attn and Sink^eps per layer as training proceeds. Every lever's step is timed
+first, all together in interleaved rounds, so the step counts do not depend on what else
+the machine did while one lever was timed. The table and the plot show
+which lever gives the largest sink at that budget; the main job's defaults are chosen
+from them (docs/sink-calibration).
+
+Layout of ``out``::
+
+    out/results.json, out/report.md, out/calibration.png
+    out/data/<name>/               data prepared for a lever with its own corpus or vocabulary
+    out/levers/<lever>/runs/...    each lever's run (the reproduction's layout)
+
+A second call with the same ``out`` reuses finished runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gatedattn import __version__
+from gatedattn.data import TokenData, prepare
+from gatedattn.data.corpus import default_sources
+from gatedattn.errors import ConfigError
+from gatedattn.io import atomic_write_json, atomic_write_text, json_safe
+from gatedattn.precision import resolve_dtype
+from gatedattn.reproduce.claims import uniform_first_token_attention
+from gatedattn.settings import apply_sets
+from gatedattn.timing import interleaved_times
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One setting to measure: ``sets`` are ``--set`` items applied to the base recipe;
+    ``vocab_size`` / ``sources`` prepare the lever's own data (default-corpus sources by
+    name, e.g. ``("wikipedia",)``)."""
+
+    name: str
+    what: str
+    sets: tuple[str, ...] = ()
+    vocab_size: int | None = None
+    sources: tuple[str, ...] | None = None
+
+    @property
+    def own_data(self) -> bool:
+        return self.vocab_size is not None or self.sources is not None
+
+
+NO_QK = "train.model.attention.qk_norm=false"
+LEVERS: tuple[Lever, ...] = (
+    Lever("reference", "the recipe before calibration: `small`, q/k norm, LR 3e-3, WD 0.1, T 256, vocab 4096, full mix"),
+    Lever("no-qk-norm", "q/k RMSNorm off", (NO_QK,)),
+    Lever("lr-1e-2", "q/k norm off, LR 1e-2", (NO_QK, "train.lr=0.01")),
+    Lever("lr-1e-3", "q/k norm off, LR 1e-3", (NO_QK, "train.lr=0.001")),
+    Lever("wd-0", "q/k norm off, no weight decay", (NO_QK, "train.weight_decay=0")),
+    Lever("wd-0.3", "q/k norm off, weight decay 0.3", (NO_QK, "train.weight_decay=0.3")),
+    Lever("seq-512", "q/k norm off, T 512 (8 sequences a step: same tokens)",
+          (NO_QK, "train.seq_len=512", "train.micro_batch=8")),
+    Lever("tiny", "q/k norm off, `tiny` (4 layers, d_model 128)", (NO_QK, "train.model.size=tiny")),
+    Lever("deep-narrow", "q/k norm off, `tiny` width at 8 layers", (NO_QK, "train.model.size=tiny", "train.model.n_layers=8")),
+    Lever("vocab-1024", "q/k norm off, vocabulary 1024", (NO_QK,), vocab_size=1024),
+    Lever("wiki-only", "q/k norm off, Wikipedia summaries only", (NO_QK,), sources=("wikipedia",)),
+)
+LEVER_NAMES = tuple(lever.name for lever in LEVERS)
+QUICK_LEVERS = ("reference", "no-qk-norm", "vocab-1024")
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """A calibration: ``levers`` (names from ``LEVERS``), each trained for
+    ``minutes_per_run`` minutes of training steps (timed here first), ``evals`` sink
+    measurements along the way. ``base_sets`` change the base recipe of every lever
+    (``--set`` items of ``gatedattn reproduce``)."""
+
+    levers: tuple[str, ...] = LEVER_NAMES
+    minutes_per_run: float = 2.5
+    steps: int | None = None  # a fixed step count instead of the per-run minutes
+    evals: int = 8
+    out_dir: str = "runs/sink-calibration"
+    data_dir: str | None = None
+    base_sets: tuple[str, ...] = ()
+    quick_base: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        owner = "CalibrationConfig"
+        object.__setattr__(self, "levers", tuple(self.levers))
+        if not self.levers:
+            raise ConfigError(f"{owner}.levers is empty; choose from {', '.join(LEVER_NAMES)}")
+        for name in self.levers:
+            if name not in LEVER_NAMES:
+                raise ConfigError(f"{owner}.levers: unknown lever {name!r}; known levers: {', '.join(LEVER_NAMES)}")
+        if self.minutes_per_run <= 0:
+            raise ConfigError(f"{owner}.minutes_per_run={self.minutes_per_run} must be > 0")
+        if self.steps is not None and self.steps <= 0:
+            raise ConfigError(f"{owner}.steps={self.steps} must be > 0")
+        if self.evals <= 0:
+            raise ConfigError(f"{owner}.evals={self.evals} must be > 0")
+        own = [lv.name for lv in self.chosen() if lv.own_data]
+        if own and self.data_dir is not None:
+            raise ConfigError(f"{owner}: levers {', '.join(own)} prepare their own data from the default corpus, "
+                              f"so they cannot run on data_dir={self.data_dir}; with a data directory choose among "
+                              f"{', '.join(lv.name for lv in LEVERS if not lv.own_data)}")
+        for lever in self.chosen():  # every lever's recipe is valid before anything trains
+            self.recipe(lever, steps=10)
+
+    @classmethod
+    def quick(cls, **changes: Any) -> "CalibrationConfig":
+        """Well under a minute: three levers of the `tiny` recipe, a few steps each."""
+        base = dict(levers=QUICK_LEVERS, steps=12, evals=2, quick_base=True, out_dir="runs/sink-calibration-quick")
+        return cls(**{**base, **changes})
+
+    def chosen(self) -> list[Lever]:
+        return [next(lv for lv in LEVERS if lv.name == name) for name in self.levers]
+
+    def recipe(self, lever: Lever, *, steps: int, data_dir: str | None = None):
+        """The lever's reproduction config: the baseline alone, ``steps`` steps, no extrapolation."""
+        from gatedattn.reproduce.runner import ReproduceConfig
+
+        make = ReproduceConfig.quick if self.quick_base else ReproduceConfig
+        base = make(variants=("baseline",), steps=steps, budget_minutes=None, multiples=(), evals=self.evals,
+                    progress=self.progress, data_dir=data_dir or self.data_dir)
+        return apply_sets(base, [*self.base_sets, *lever.sets])
+
+
+def lever_data(cfg: CalibrationConfig, lever: Lever, default_dir: Path, out: Path) -> Path:
+    """The data directory of ``lever``: the shared one, or its own (prepared once)."""
+    if not lever.own_data:
+        return default_dir
+    path = out / "data" / lever.name
+    if (path / "manifest.json").is_file():
+        return path
+    inputs = None
+    if lever.sources is not None:
+        known = {s.name: s for s in default_sources()}
+        missing = [s for s in lever.sources if s not in known]
+        if missing:
+            raise ConfigError(f"lever {lever.name}: unknown default-corpus sources {missing}; known: {', '.join(known)}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        corpus_file = out / "data" / f"{lever.name}.jsonl"
+        lines = [json.dumps({"text": d.text}) for s in lever.sources for d in known[s].documents()]
+        atomic_write_text(corpus_file, "\n".join(lines) + "\n")
+        inputs = [corpus_file]
+    vocab = lever.vocab_size or TokenData(default_dir).vocab_size
+    prepare(inputs, path, vocab_size=vocab, default_corpus=inputs is None, overwrite=True, progress=cfg.progress)
+    return path
+
+
+def time_levers(cfg: CalibrationConfig, data_dirs: dict[str, Path], repeats: int = 3) -> dict[str, float]:
+    """Seconds per training step of every lever's baseline, timed together before any
+    trains: interleaved rounds (odd rounds reversed), medians, so that load on the machine
+    while timing moves every lever alike."""
+    from gatedattn.reproduce.runner import make_step
+
+    steps = {}
+    for lever in cfg.chosen():
+        d = data_dirs[lever.name]
+        steps[lever.name] = make_step(cfg.recipe(lever, steps=10, data_dir=str(d)), "baseline", TokenData(d))
+    samples = interleaved_times(steps, repeats=repeats, warmup=1)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def run_lever(cfg: CalibrationConfig, lever: Lever, data_dir: Path, out: Path,
+              step_s: float | None) -> dict[str, Any]:
+    from gatedattn.reproduce.runner import run_one
+
+    data = TokenData(data_dir, verify=True)
+    steps = cfg.steps if cfg.steps is not None else max(10, int(cfg.minutes_per_run * 60 / step_s))
+    recipe = cfg.recipe(lever, steps=steps, data_dir=str(data_dir))
+    run = run_one(recipe, data_dir, data, "baseline", 0, steps, out / "levers" / lever.name)
+    a = run["analysis"]
+    per_layer = a["f_attn_per_layer"]
+    strongest = max(range(len(per_layer)), key=per_layer.__getitem__)
+    t = recipe.train
+    return {
+        "lever": lever.name, "what": lever.what, "sets": list(lever.sets), "steps": steps, "step_seconds": step_s,
+        "tokens": run["tokens"], "seq_len": t.seq_len, "vocab_size": data.vocab_size,
+        "preset": t.preset, "n_layers": a["n_layers"], "uniform": uniform_first_token_attention(t.seq_len),
+        "val_loss": a["val_loss"], "f_attn": a["f_attn"], "f_attn_per_layer": per_layer,
+        "f_attn_strongest": per_layer[strongest], "strongest_layer": strongest, "sink_eps": a["sink_eps"],
+        "m_act_ratio": a["m_act_ratio"], "over_training": run["over_training"], "run_dir": run["run_dir"],
+    }
+
+
+def run_calibration(cfg: CalibrationConfig, command: str | None = None) -> Path:
+    """Train every lever; write results.json, report.md and the plot; return report.md."""
+    from gatedattn.reproduce.runner import ensure_data, machine_description
+    from gatedattn.reproduce.calibration_report import write_calibration_report
+
+    started = time.time()
+    out = Path(cfg.out_dir)
+    default_dir = ensure_data(cfg.recipe(cfg.chosen()[0], steps=10))
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"config": dataclasses.asdict(cfg), "levers": []}
+    data_dirs = {lever.name: lever_data(cfg, lever, default_dir, out) for lever in cfg.chosen()}
+    step_s: dict[str, float] = {}
+    if cfg.steps is None:
+        _say("timing every lever's training step in interleaved rounds")
+        step_s = time_levers(cfg, data_dirs)
+        _say(", ".join(f"{k} {v:.2f}s" for k, v in step_s.items()))
+    for lever in cfg.chosen():
+        _say(f"lever {lever.name}: {lever.what}")
+        results["levers"].append(run_lever(cfg, lever, data_dirs[lever.name], out, step_s.get(lever.name)))
+        atomic_write_json(out / "results.json", json_safe(results))
+    results["meta"] = {
+        "command": command or "gatedattn reproduce --study calibrate",
+        "machine": machine_description(), "python": platform.python_version(), "torch": torch.__version__,
+        "gatedattn": __version__, "precision": resolve_dtype("auto", "cpu").as_dict(),
+        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "duration_min": (time.time() - started) / 60,
+    }
+    results["ranking"] = rank(results["levers"])
+    atomic_write_json(out / "results.json", json_safe(results))
+    return write_calibration_report(results, out)
+
+
+def sink_score(row: dict[str, Any]) -> float:
+    """How strong a lever's baseline sink is, comparable across context lengths: F-Attn
+    of its strongest layer as a multiple of the uniform value."""
+    return row["f_attn_strongest"] / row["uniform"]
+
+
+def rank(rows: list[dict[str, Any]]) -> list[str]:
+    """Lever names, strongest sink first (Sink^eps, then the strongest layer's F-Attn
+    relative to uniform attention)."""
+    return [r["lever"] for r in sorted(rows, key=lambda r: (r["sink_eps"], sink_score(r)), reverse=True)]
+
+
+def _say(msg: str) -> None:
+    print(f"[calibrate] {msg}", file=sys.stderr, flush=True)

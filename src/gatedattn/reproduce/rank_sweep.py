@@ -1,0 +1,108 @@
+"""``gatedattn reproduce --study rank``: HyGA's low-rank inner width against its cost.
+
+``hyga-lowrank`` trains once per inner width d_int in ``ReproduceConfig.ranks`` (its X-gate
+rank and H-gate width both set to d_int), next to the full-rank G1 ``gated``, all on the
+same batches for the same steps. Each run's validation loss is set against the gate FLOPs
+of one attention layer (``gatedattn.cost``), in a table and one plot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from gatedattn.analysis.plots import plot_loss_vs_cost
+from gatedattn.data import TokenData
+from gatedattn.layer_cost import cost
+
+SWEPT = "hyga-lowrank"
+REFERENCE = "gated"
+
+
+def with_rank(cfg, d_int: int | None):
+    """``cfg`` with the gate overrides of one sweep point (None: the reference, unchanged)."""
+    if d_int is None:
+        return cfg
+    model = cfg.train.model
+    gate = {**model.gate, "rank": d_int, "h_dim": d_int}
+    return dataclasses.replace(cfg, train=cfg.train.replace(model=dataclasses.replace(model, gate=gate)),
+                               multiples=())
+
+
+def points(cfg) -> list[tuple[str, int | None]]:
+    return [(REFERENCE, None), *((SWEPT, r) for r in cfg.ranks)]
+
+
+def gate_cost(cfg, variant: str, d_int: int | None, vocab_size: int) -> dict[str, int]:
+    attention = with_rank(cfg, d_int).train_config(variant, 0, steps=10).model_config(vocab_size).attention
+    c = cost(attention, cfg.train.seq_len)
+    return {"gate_flops": c.flops["gate"], "gate_params": c.params["gate"], "flops": c.total_flops}
+
+
+def rank_sweep(cfg, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
+    """Train every sweep point for the same steps; return the rows of the sweep."""
+    from gatedattn.reproduce.runner import plan_steps, run_one
+
+    probe = dataclasses.replace(cfg, variants=(REFERENCE, SWEPT))
+    steps, _ = plan_steps(probe, data, cfg.seeds, counts={REFERENCE: 1, SWEPT: len(cfg.ranks)})
+    rows = []
+    for variant, d_int in points(cfg):
+        run_cfg = dataclasses.replace(with_rank(cfg, d_int), multiples=())
+        for seed in range(cfg.seeds):
+            tag = f"{variant}-s{seed}" + (f"-d{d_int}" if d_int is not None else "")
+            run = run_one(run_cfg, data_dir, data, variant, seed, steps, out, tag=tag)
+            analysis = run.get("analysis") or {}
+            rows.append({"variant": variant, "d_int": d_int, "seed": seed, "steps": run["steps"],
+                         "val_loss": analysis.get("val_loss", math.nan), "f_attn": analysis.get("f_attn"),
+                         "diverged": run["diverged"], **gate_cost(cfg, variant, d_int, data.vocab_size)})
+    return {"steps": steps, "rows": rows}
+
+
+def _mean_rows(sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per sweep point: val loss averaged over seeds."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for r in sweep["rows"]:
+        key = (r["variant"], r["d_int"])
+        m = merged.setdefault(key, {**r, "losses": []})
+        m["losses"].append(r["val_loss"])
+    for m in merged.values():
+        m["val_loss"] = sum(m["losses"]) / len(m["losses"])
+    return list(merged.values())
+
+
+def rank_section(results: dict[str, Any], out: Path) -> list[str]:
+    """The report's section on the sweep: table and plot (nothing without a sweep)."""
+    sweep = results.get("rank_sweep")
+    if not sweep:
+        return []
+    rows = _mean_rows(sweep)
+    ref = next((r for r in rows if r["variant"] == REFERENCE), None)
+    lines = ["## HyGA low-rank width: loss against gate cost", "",
+             f"`{SWEPT}` at each inner width d_int (X-gate rank and H-gate width), next to full-rank G1 `{REFERENCE}`; "
+             f"{sweep['steps']} steps each on the same batches. Gate FLOPs are per attention layer and sequence.", "",
+             "| variant | d_int | gate FLOPs | share of G1's | gate params | val loss | Δ loss vs gated |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        share = r["gate_flops"] / ref["gate_flops"] if ref else math.nan
+        delta = r["val_loss"] - ref["val_loss"] if ref else math.nan
+        lines.append(f"| `{r['variant']}` | {r['d_int'] if r['d_int'] is not None else 'full'} | {r['gate_flops']:,} | "
+                     f"{100 * share:.0f} % | {r['gate_params']:,} | {r['val_loss']:.4f} | {delta:+.4f} |")
+    lines.append("")
+    series = {f"{SWEPT}": [(r["gate_flops"], r["val_loss"], f"d_int {r['d_int']}") for r in rows if r["variant"] == SWEPT]}
+    if ref:
+        series[REFERENCE] = [(ref["gate_flops"], ref["val_loss"], "G1 elementwise")]
+    plot_loss_vs_cost(series, Path(out) / "rank_sweep.png")
+    return lines + ["![rank_sweep](rank_sweep.png)", ""]
+
+
+def lowrank_outcome(sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per d_int: gate FLOPs as a share of G1's and the val-loss difference to it."""
+    rows = _mean_rows(sweep)
+    ref = next((r for r in rows if r["variant"] == REFERENCE), None)
+    if ref is None:
+        return []
+    return [{"d_int": r["d_int"], "share": r["gate_flops"] / ref["gate_flops"], "delta": r["val_loss"] - ref["val_loss"],
+             "loss": r["val_loss"], "ref_loss": ref["val_loss"], "seeds": len(r["losses"])}
+            for r in rows if r["variant"] == SWEPT]

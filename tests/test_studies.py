@@ -1,0 +1,162 @@
+"""The sink calibration, the HyGA rank sweep and folding studies into the main report,
+on a small prepared corpus."""
+
+import json
+
+import pytest
+
+from gatedattn.errors import ConfigError
+from gatedattn.reproduce.runner import ReproduceConfig, add_strongest_layer, reproduce
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    from gatedattn.data import prepare
+
+    root = tmp_path_factory.mktemp("studies")
+    docs = root / "docs"
+    docs.mkdir()
+    for i in range(8):
+        (docs / f"{i}.txt").write_text(f"Document {i}. " + "The cat sat on the mat and the dog ran. " * 120)
+    prepare([docs], root / "data", vocab_size=300, progress=False)
+    return str(root / "data")
+
+
+def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir):
+    from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
+
+    cfg = CalibrationConfig.quick(levers=("reference", "no-qk-norm"), steps=6, data_dir=data_dir,
+                                  out_dir=str(tmp_path / "cal"), progress=False, base_sets=("train.model.size=micro",))
+    report = run_calibration(cfg).read_text()
+    results = json.loads((tmp_path / "cal" / "results.json").read_text())
+    rows = {r["lever"]: r for r in results["levers"]}
+    assert set(rows) == {"reference", "no-qk-norm"} and sorted(results["ranking"]) == sorted(rows)
+    assert rows["no-qk-norm"]["sets"] == ["train.model.attention.qk_norm=false"]
+    for r in rows.values():
+        assert r["steps"] == 6 and r["n_layers"] == 2 and len(r["f_attn_per_layer"]) == 2
+        assert r["f_attn_strongest"] == max(r["f_attn_per_layer"])
+        curve = r["over_training"]
+        assert len(curve["f_attn_max"]) == len(curve["tokens"]) >= 2
+        assert all(m >= a for m, a in zip(curve["f_attn_max"], curve["f_attn"]))
+    assert (tmp_path / "cal" / "calibration.png").stat().st_size > 0
+    assert "| `no-qk-norm` | q/k RMSNorm off | 6 |" in report and "![calibration](calibration.png)" in report
+
+
+def test_calibration_settings_are_checked_before_training(data_dir):
+    from gatedattn.reproduce.calibration import CalibrationConfig, rank
+
+    with pytest.raises(ConfigError, match="unknown lever 'nope'; known levers: reference"):
+        CalibrationConfig(levers=("nope",))
+    with pytest.raises(ConfigError, match="vocab-1024 prepare their own data"):
+        CalibrationConfig(levers=("reference", "vocab-1024"), data_dir=data_dir)
+    with pytest.raises(ConfigError, match="minutes_per_run"):
+        CalibrationConfig(minutes_per_run=0)
+    rows = [{"lever": "a", "sink_eps": 0.0, "f_attn_strongest": 0.08, "uniform": 0.02},
+            {"lever": "b", "sink_eps": 0.1, "f_attn_strongest": 0.05, "uniform": 0.02},
+            {"lever": "c", "sink_eps": 0.0, "f_attn_strongest": 0.05, "uniform": 0.01}]
+    assert rank(rows) == ["b", "c", "a"]  # sink heads first, then the strongest layer relative to uniform
+
+
+def test_wiki_only_lever_prepares_wikipedia_alone(tmp_path, data_dir):
+    from gatedattn.data import TokenData
+    from gatedattn.data.corpus import default_sources
+    from gatedattn.reproduce.calibration import LEVERS, CalibrationConfig, lever_data
+
+    lever = next(lv for lv in LEVERS if lv.name == "wiki-only")
+    path = lever_data(CalibrationConfig.quick(levers=("reference",), progress=False), lever, data_dir, tmp_path)
+    texts = [json.loads(line)["text"] for line in (tmp_path / "data" / "wiki-only.jsonl").read_text().splitlines()]
+    wiki = next(s for s in default_sources() if s.name == "wikipedia")
+    assert texts == [d.text for d in wiki.documents()]
+    assert TokenData(path).train_tokens > 0 and TokenData(path).vocab_size <= TokenData(data_dir).vocab_size  # at most the shared vocabulary
+
+
+def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
+    base = dict(preset="micro", steps=4, evals=1, analysis_sequences=4, data_dir=data_dir, progress=False)
+    reproduce(ReproduceConfig.quick(study="rank", ranks=(4, 8), out_dir=str(tmp_path / "rank"), **base))
+    sweep = json.loads((tmp_path / "rank" / "results.json").read_text())["rank_sweep"]
+    points = [(r["variant"], r["d_int"]) for r in sweep["rows"]]
+    assert points == [("gated", None), ("hyga-lowrank", 4), ("hyga-lowrank", 8)]
+    flops = [r["gate_flops"] for r in sweep["rows"]]
+    assert flops[1] < flops[2] and all(f > 0 for f in flops)
+    assert "share of G1's" in (tmp_path / "rank" / "report.md").read_text()
+
+    report = reproduce(ReproduceConfig.quick(variants=("baseline", "gated"), multiples=(1,), fold=(str(tmp_path / "rank"),),
+                                             out_dir=str(tmp_path / "main"), **base)).read_text()
+    results = json.loads((tmp_path / "main" / "results.json").read_text())
+    assert results["rank_sweep"] == sweep and results["folded"][0]["studies"] == ["rank_sweep"]
+    assert "## HyGA low-rank width: loss against gate cost" in report and (tmp_path / "main" / "rank_sweep.png").is_file()
+    assert "--study rank" in report  # the folded study's command is part of the reproduce block
+    lowrank = next(c for c in results["claims"] if c["key"] == "hyga-lowrank")
+    assert "d_int 4:" in lowrank["measured"]
+    assert isinstance(results["strongest_layer"], int)
+    assert set(results["summary"]["gated"]["f_attn_strongest"]) == {"mean", "std", "values"}
+
+
+def test_fold_needs_a_study_directory(tmp_path):
+    with pytest.raises(ConfigError, match="has no results.json"):
+        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), out_dir=str(tmp_path / "out")))
+    (tmp_path / "results.json").write_text(json.dumps({"variants": {}}))
+    with pytest.raises(ConfigError, match="holds no lr_study or rank_sweep"):
+        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), out_dir=str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_strongest_layer_is_the_baselines():
+    def run(per_layer):
+        return {"analysis": {"f_attn_per_layer": per_layer}}
+
+    results = {"variants": {"baseline": {"runs": [run([0.02, 0.30, 0.10]), run([0.02, 0.20, 0.25])]},
+                            "gated": {"runs": [run([0.02, 0.03, 0.50]), run([0.02, 0.05, 0.40])]}},
+               "summary": {"baseline": {}, "gated": {}}}
+    add_strongest_layer(results)
+    assert results["strongest_layer"] == 1  # 0.25 mean beats 0.175
+    assert results["summary"]["baseline"]["f_attn_strongest"]["values"] == [0.30, 0.20]
+    assert results["summary"]["gated"]["f_attn_strongest"]["values"] == [0.03, 0.05]
+
+
+def test_time_steps_times_every_variant(data_dir):
+    from gatedattn.data import TokenData
+    from gatedattn.reproduce.runner import time_steps
+
+    cfg = ReproduceConfig.quick(preset="micro", variants=("baseline", "gated"), data_dir=data_dir, progress=False)
+    timed = time_steps(cfg, TokenData(data_dir), repeats=2)
+    assert set(timed) == {"baseline", "gated"} and all(t > 0 for t in timed.values())
+
+
+def test_levers_are_timed_together(data_dir):
+    from pathlib import Path
+
+    from gatedattn.reproduce.calibration import CalibrationConfig, time_levers
+
+    cfg = CalibrationConfig.quick(levers=("reference", "tiny"), data_dir=data_dir, progress=False,
+                                  base_sets=("train.seq_len=64",))
+    timed = time_levers(cfg, {"reference": Path(data_dir), "tiny": Path(data_dir)}, repeats=1)
+    assert set(timed) == {"reference", "tiny"} and all(t > 0 for t in timed.values())
+
+
+def test_cli_calibrate_refuses_flags_of_other_studies(capsys):
+    from gatedattn.cli import main
+
+    assert main(["reproduce", "--study", "calibrate", "--variants", "gated", "--quick"]) == 2
+    assert "--variants do not apply to --study calibrate" in capsys.readouterr().err
+    assert main(["reproduce", "--levers", "tiny", "--quick"]) == 2
+    assert "--levers applies to --study calibrate only" in capsys.readouterr().err
+    assert main(["reproduce", "--study", "calibrate", "--levers", "nope", "--quick"]) == 2
+    assert "unknown lever 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpu_scale_up_script_runs_its_pipeline_on_cpu(tmp_path, data_dir):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable, "OUT": str(tmp_path / "gpu")}
+    proc = subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh"), "--quick", "--steps", "6",
+                           "--data", data_dir, "-q"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((tmp_path / "gpu" / "results.json").read_text())
+    assert set(results["variants"]) == {"baseline", "gated"}
+    assert results["config"]["train"]["device"] == "cpu" and results["config"]["steps"] == 6
