@@ -180,10 +180,13 @@ def test_stability_reports_first_spike_and_divergence():
     assert row["verdict"] == HELD
     assert "first loss spike at LR 0.03 (baseline) vs 0.1 (gated)" in row["measured"]
     assert "first divergence at LR 0.1 (baseline) vs none (gated)" in row["measured"]
-    # no divergence anywhere: more spikes with the gate goes the other way
-    flipped = [{**r, "diverged": False, "spikes": 3 if r["variant"] == "gated" else 0} for r in runs]
-    row = next(x for x in judge_all({"summary": {}, "lr_study": {"runs": flipped}}) if x["key"] == "ga-stability")
-    assert row["verdict"] == NOT_HELD
+    # no divergence anywhere: clearly more spikes with the gate goes the other way; one or two are noise
+    for gated_spikes, base_spikes, expected in ((1, 0, NOT_MEASURABLE), (2, 1, NOT_MEASURABLE), (3, 2, NOT_MEASURABLE),
+                                                (4, 1, NOT_HELD), (0, 3, HELD), (2, 4, HELD)):
+        flipped = [{**r, "diverged": False, "spikes": gated_spikes if r["variant"] == "gated" and r["lr"] == 0.1
+                    else base_spikes if r["variant"] == "baseline" and r["lr"] == 0.1 else 0} for r in runs]
+        row = next(x for x in judge_all({"summary": {}, "lr_study": {"runs": flipped}}) if x["key"] == "ga-stability")
+        assert row["verdict"] == expected, (gated_spikes, base_spikes)
 
 
 def _sink_results(base_layer, gated_layer, base_mean=0.05, sink_eps=0.25):

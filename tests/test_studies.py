@@ -31,7 +31,7 @@ def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir)
     results = json.loads((tmp_path / "cal" / "results.json").read_text())
     rows = {r["lever"]: r for r in results["levers"]}
     assert set(rows) == {"reference", "no-qk-norm"} and sorted(results["ranking"]) == sorted(rows)
-    assert rows["no-qk-norm"]["sets"] == ["train.model.attention.qk_norm=false"]
+    assert "train.model.attention.qk_norm=false" in rows["no-qk-norm"]["sets"]
     for r in rows.values():
         assert r["steps"] == 6 and r["n_layers"] == 2 and len(r["f_attn_per_layer"]) == 2
         assert r["f_attn_strongest"] == max(r["f_attn_per_layer"])
@@ -40,6 +40,42 @@ def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir)
         assert all(m >= a for m, a in zip(curve["f_attn_max"], curve["f_attn"]))
     assert (tmp_path / "cal" / "calibration.png").stat().st_size > 0
     assert "| `no-qk-norm` | q/k RMSNorm off | 6 |" in report and "![calibration](calibration.png)" in report
+
+
+def test_calibration_reuses_finished_levers_and_adds_new_ones(tmp_path, data_dir):
+    from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
+
+    base = dict(steps=4, data_dir=data_dir, out_dir=str(tmp_path / "cal"), progress=False,
+                base_sets=("train.model.size=micro",))
+    run_calibration(CalibrationConfig.quick(levers=("reference",), **base), command="first")
+    first = json.loads((tmp_path / "cal" / "results.json").read_text())["levers"][0]
+    report = run_calibration(CalibrationConfig.quick(levers=("reference", "no-qk-norm"), **base), command="second")
+    results = json.loads((tmp_path / "cal" / "results.json").read_text())
+    assert results["levers"][0] == {**first, "session": 1}  # reused as it was
+    assert results["levers"][1]["lever"] == "no-qk-norm" and results["levers"][1]["session"] == 2
+    assert results["commands"] == ["first", "second"]
+    text = report.read_text()
+    assert "| command 1 | `first` |" in text and "| call |" in text
+    # a call that trains nothing rewrites the report but is not listed
+    run_calibration(CalibrationConfig.quick(levers=("reference", "no-qk-norm"), **base), command="again")
+    assert json.loads((tmp_path / "cal" / "results.json").read_text())["commands"] == ["first", "second"]
+    # another budget in the same directory is refused: nothing there is overwritten
+    with pytest.raises(ConfigError, match="holds a calibration with other settings .steps: 4 there, 5 here"):
+        run_calibration(CalibrationConfig.quick(levers=("no-qk-norm",), **{**base, "steps": 5}), command="third")
+
+
+def test_an_interrupted_lever_resumes_with_its_step_count(tmp_path, data_dir):
+    from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
+
+    base = dict(data_dir=data_dir, out_dir=str(tmp_path / "cal"), progress=False, base_sets=("train.model.size=micro",))
+    run_calibration(CalibrationConfig.quick(levers=("reference", "no-qk-norm"), steps=4, **base))
+    results_path = tmp_path / "cal" / "results.json"
+    results = json.loads(results_path.read_text())
+    lost = results["levers"].pop()  # as if the call had stopped before writing the row
+    results_path.write_text(json.dumps(results))
+    run_calibration(CalibrationConfig.quick(levers=("reference", "no-qk-norm"), steps=4, **base))
+    again = json.loads(results_path.read_text())["levers"][1]
+    assert {k: again[k] for k in ("steps", "f_attn", "val_loss")} == {k: lost[k] for k in ("steps", "f_attn", "val_loss")}
 
 
 def test_calibration_settings_are_checked_before_training(data_dir):
@@ -160,3 +196,18 @@ def test_gpu_scale_up_script_runs_its_pipeline_on_cpu(tmp_path, data_dir):
     results = json.loads((tmp_path / "gpu" / "results.json").read_text())
     assert set(results["variants"]) == {"baseline", "gated"}
     assert results["config"]["train"]["device"] == "cpu" and results["config"]["steps"] == 6
+
+
+def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
+    from gatedattn.reproduce.calibration import CalibrationConfig
+
+    cfg = CalibrationConfig(levers=("reference", "lr-1e-2", "deep-narrow"))
+    ref, lr, deep = (cfg.recipe(lv, steps=10).train for lv in cfg.chosen())
+    assert (ref.lr, ref.model.size, ref.model.attention) == (0.003, "small", {"qk_norm": True})
+    assert (deep.model.size, deep.model.lm, deep.model.attention) == ("tiny", {"n_layers": 8}, {"qk_norm": False})
+    from gatedattn.reproduce.calibration import main_default_lever
+
+    assert main_default_lever(CalibrationConfig()) == "lr-1e-2"
+    main = ReproduceConfig().train  # the main job's recipe is the calibrated lever's
+    assert (lr.lr, lr.model.size, lr.model.attention, lr.weight_decay, lr.seq_len, lr.micro_batch) == \
+        (main.lr, main.model.size, main.model.attention, main.weight_decay, main.seq_len, main.micro_batch)

@@ -17,7 +17,9 @@ Layout of ``out``::
     out/data/<name>/               data prepared for a lever with its own corpus or vocabulary
     out/levers/<lever>/runs/...    each lever's run (the reproduction's layout)
 
-A second call with the same ``out`` reuses finished runs.
+A second call with the same ``out``, budget and base recipe reuses the levers it finished
+(their rows as they were) and trains only the new ones, timed together; the report lists
+every call's command, and each row says in which call it was timed and trained.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from gatedattn import __version__
 from gatedattn.data import TokenData, prepare
 from gatedattn.data.corpus import default_sources
 from gatedattn.errors import ConfigError
-from gatedattn.io import atomic_write_json, atomic_write_text, json_safe
+from gatedattn.io import atomic_write_json, atomic_write_text, json_safe, read_json_object
 from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import uniform_first_token_attention
 from gatedattn.settings import apply_sets
@@ -63,20 +65,38 @@ class Lever:
         return self.vocab_size is not None or self.sources is not None
 
 
+# The reference is the main job's recipe before calibration; the calibrated default
+# departs from it in q/k norm and learning rate, so every lever spells those two out and
+# stays what it says. Other fields are the main job's (`small`, T 256, 16 sequences, WD 0.1).
+REFERENCE = {"train.model.attention.qk_norm": "true", "train.lr": "0.003"}
+
+
+def _lever(name: str, what: str, *changes: str, **data: Any) -> Lever:
+    sets = dict(REFERENCE)
+    for item in changes:
+        key, _, value = item.partition("=")
+        sets[key] = value
+    return Lever(name, what, tuple(f"{k}={v}" for k, v in sets.items()), **data)
+
+
 NO_QK = "train.model.attention.qk_norm=false"
 LEVERS: tuple[Lever, ...] = (
-    Lever("reference", "the recipe before calibration: `small`, q/k norm, LR 3e-3, WD 0.1, T 256, vocab 4096, full mix"),
-    Lever("no-qk-norm", "q/k RMSNorm off", (NO_QK,)),
-    Lever("lr-1e-2", "q/k norm off, LR 1e-2", (NO_QK, "train.lr=0.01")),
-    Lever("lr-1e-3", "q/k norm off, LR 1e-3", (NO_QK, "train.lr=0.001")),
-    Lever("wd-0", "q/k norm off, no weight decay", (NO_QK, "train.weight_decay=0")),
-    Lever("wd-0.3", "q/k norm off, weight decay 0.3", (NO_QK, "train.weight_decay=0.3")),
-    Lever("seq-512", "q/k norm off, T 512 (8 sequences a step: same tokens)",
-          (NO_QK, "train.seq_len=512", "train.micro_batch=8")),
-    Lever("tiny", "q/k norm off, `tiny` (4 layers, d_model 128)", (NO_QK, "train.model.size=tiny")),
-    Lever("deep-narrow", "q/k norm off, `tiny` width at 8 layers", (NO_QK, "train.model.size=tiny", "train.model.n_layers=8")),
-    Lever("vocab-1024", "q/k norm off, vocabulary 1024", (NO_QK,), vocab_size=1024),
-    Lever("wiki-only", "q/k norm off, Wikipedia summaries only", (NO_QK,), sources=("wikipedia",)),
+    _lever("reference", "the recipe before calibration: `small`, q/k norm, LR 3e-3, WD 0.1, T 256, vocab 4096, full mix"),
+    _lever("no-qk-norm", "q/k RMSNorm off", NO_QK),
+    _lever("lr-1e-2", "q/k norm off, LR 1e-2 (the main job's default)", NO_QK, "train.lr=0.01"),
+    _lever("lr-1e-3", "q/k norm off, LR 1e-3", NO_QK, "train.lr=0.001"),
+    _lever("lr-3e-2", "q/k norm off, LR 3e-2", NO_QK, "train.lr=0.03"),
+    _lever("qk-norm-lr-1e-2", "q/k norm on, LR 1e-2", "train.lr=0.01"),
+    _lever("wd-0", "q/k norm off, no weight decay", NO_QK, "train.weight_decay=0"),
+    _lever("wd-0.3", "q/k norm off, weight decay 0.3", NO_QK, "train.weight_decay=0.3"),
+    _lever("seq-512", "q/k norm off, T 512 (8 sequences a step: same tokens)", NO_QK, "train.seq_len=512",
+           "train.micro_batch=8"),
+    _lever("tiny", "q/k norm off, `tiny` (4 layers, d_model 128)", NO_QK, "train.model.size=tiny"),
+    _lever("deep-narrow", "q/k norm off, `tiny` width at 8 layers", NO_QK, "train.model.size=tiny",
+           "train.model.n_layers=8"),
+    _lever("tiny-lr-1e-2", "q/k norm off, `tiny`, LR 1e-2", NO_QK, "train.model.size=tiny", "train.lr=0.01"),
+    _lever("vocab-1024", "q/k norm off, vocabulary 1024", NO_QK, vocab_size=1024),
+    _lever("wiki-only", "q/k norm off, Wikipedia summaries only", NO_QK, sources=("wikipedia",)),
 )
 LEVER_NAMES = tuple(lever.name for lever in LEVERS)
 QUICK_LEVERS = ("reference", "no-qk-norm", "vocab-1024")
@@ -163,26 +183,60 @@ def lever_data(cfg: CalibrationConfig, lever: Lever, default_dir: Path, out: Pat
     return path
 
 
-def time_levers(cfg: CalibrationConfig, data_dirs: dict[str, Path], repeats: int = 3) -> dict[str, float]:
-    """Seconds per training step of every lever's baseline, timed together before any
-    trains: interleaved rounds (odd rounds reversed), medians, so that load on the machine
-    while timing moves every lever alike."""
+_SAME_STUDY = ("minutes_per_run", "steps", "evals", "base_sets", "quick_base")
+
+
+def _earlier(cfg: CalibrationConfig, out: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Levers a previous call on ``out`` finished (to reuse), and the commands of those
+    calls. ``out`` must hold a calibration with the same budget and base recipe."""
+    path = out / "results.json"
+    if not path.is_file():
+        return {}, []
+    old = read_json_object(path)
+    before = old.get("config") or {}
+    mine = dataclasses.asdict(cfg)
+    differ = [k for k in _SAME_STUDY if json_safe(before.get(k)) != json_safe(mine[k])]
+    if differ:
+        what = ", ".join(f"{k}: {before.get(k)!r} there, {mine[k]!r} here" for k in differ)
+        raise ConfigError(f"{out} holds a calibration with other settings ({what}); give a new --out to keep both")
+    rows = {r["lever"]: {**r, "session": r.get("session", 1)} for r in old.get("levers", [])}
+    return rows, list(old.get("commands") or [(old.get("meta") or {}).get("command")] if rows else [])
+
+
+def time_levers(cfg: CalibrationConfig, data_dirs: dict[str, Path], repeats: int = 3,
+                names: list[str] | None = None) -> dict[str, float]:
+    """Seconds per training step of every lever's baseline (or of ``names``), timed
+    together before any trains: interleaved rounds (odd rounds reversed), medians, so that
+    load on the machine while timing moves every lever alike."""
     from gatedattn.reproduce.runner import make_step
 
     steps = {}
     for lever in cfg.chosen():
+        if names is not None and lever.name not in names:
+            continue
         d = data_dirs[lever.name]
         steps[lever.name] = make_step(cfg.recipe(lever, steps=10, data_dir=str(d)), "baseline", TokenData(d))
     samples = interleaved_times(steps, repeats=repeats, warmup=1)
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def _started_steps(out: Path, lever: Lever) -> int | None:
+    """The step count of a run of ``lever`` that an earlier call started (it resumes with
+    the same count instead of being timed again); None when there is none."""
+    path = out / "levers" / lever.name / "runs" / "baseline-s0" / "config.json"
+    if not path.is_file():
+        return None
+    steps = (read_json_object(path).get("train") or {}).get("steps")
+    return steps if isinstance(steps, int) and steps > 0 else None
+
+
 def run_lever(cfg: CalibrationConfig, lever: Lever, data_dir: Path, out: Path,
-              step_s: float | None) -> dict[str, Any]:
+              step_s: float | None, steps: int | None = None) -> dict[str, Any]:
     from gatedattn.reproduce.runner import run_one
 
     data = TokenData(data_dir, verify=True)
-    steps = cfg.steps if cfg.steps is not None else max(10, int(cfg.minutes_per_run * 60 / step_s))
+    if steps is None:
+        steps = cfg.steps if cfg.steps is not None else max(10, int(cfg.minutes_per_run * 60 / step_s))
     recipe = cfg.recipe(lever, steps=steps, data_dir=str(data_dir))
     run = run_one(recipe, data_dir, data, "baseline", 0, steps, out / "levers" / lever.name)
     a = run["analysis"]
@@ -208,27 +262,60 @@ def run_calibration(cfg: CalibrationConfig, command: str | None = None) -> Path:
     out = Path(cfg.out_dir)
     default_dir = ensure_data(cfg.recipe(cfg.chosen()[0], steps=10))
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"config": dataclasses.asdict(cfg), "levers": []}
-    data_dirs = {lever.name: lever_data(cfg, lever, default_dir, out) for lever in cfg.chosen()}
+    done, commands = _earlier(cfg, out)
+    command = command or "gatedattn reproduce --study calibrate"
+    todo = [lever for lever in cfg.chosen() if lever.name not in done]
+    # a call is listed when it trains something (a call that only rewrites the report adds nothing)
+    results: dict[str, Any] = {"config": dataclasses.asdict(cfg), "levers": [],
+                               "commands": [*commands, command] if todo or not commands else commands}
+    data_dirs = {lever.name: lever_data(cfg, lever, default_dir, out) for lever in todo}
+    started_steps = {lever.name: n for lever in todo if (n := _started_steps(out, lever)) is not None}
     step_s: dict[str, float] = {}
-    if cfg.steps is None:
-        _say("timing every lever's training step in interleaved rounds")
-        step_s = time_levers(cfg, data_dirs)
+    to_time = [lever.name for lever in todo if lever.name not in started_steps]
+    if cfg.steps is None and to_time:
+        _say(f"timing the training step of {', '.join(to_time)} in interleaved rounds")
+        step_s = time_levers(cfg, data_dirs, names=to_time)
         _say(", ".join(f"{k} {v:.2f}s" for k, v in step_s.items()))
-    for lever in cfg.chosen():
-        _say(f"lever {lever.name}: {lever.what}")
-        results["levers"].append(run_lever(cfg, lever, data_dirs[lever.name], out, step_s.get(lever.name)))
+    rows = dict(done)  # every finished row is kept from the start, so an interruption loses none
+
+    def save() -> None:
+        results["levers"] = [rows[lv.name] for lv in cfg.chosen() if lv.name in rows]
         atomic_write_json(out / "results.json", json_safe(results))
+
+    save()
+    for lever in todo:
+        _say(f"lever {lever.name}: {lever.what}")
+        row = run_lever(cfg, lever, data_dirs[lever.name], out, step_s.get(lever.name),
+                        steps=started_steps.get(lever.name))
+        rows[lever.name] = {**row, "session": len(commands) + 1}
+        save()
     results["meta"] = {
-        "command": command or "gatedattn reproduce --study calibrate",
+        "command": command,
         "machine": machine_description(), "python": platform.python_version(), "torch": torch.__version__,
         "gatedattn": __version__, "precision": resolve_dtype("auto", "cpu").as_dict(),
         "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": (time.time() - started) / 60,
     }
     results["ranking"] = rank(results["levers"])
+    results["main_default"] = main_default_lever(cfg)
     atomic_write_json(out / "results.json", json_safe(results))
     return write_calibration_report(results, out)
+
+
+_RECIPE_FIELDS = ("lr", "weight_decay", "seq_len", "micro_batch")
+
+
+def main_default_lever(cfg: CalibrationConfig) -> str | None:
+    """The lever whose recipe is the main job's default (``gatedattn reproduce``), if any."""
+    from gatedattn.reproduce.runner import ReproduceConfig
+
+    main = ReproduceConfig().train
+    for lever in cfg.chosen():
+        t = cfg.recipe(lever, steps=10).train
+        if (not lever.own_data and t.model.size == main.model.size and t.model.overrides() == main.model.overrides()
+                and all(getattr(t, f) == getattr(main, f) for f in _RECIPE_FIELDS)):
+            return lever.name
+    return None
 
 
 def sink_score(row: dict[str, Any]) -> float:

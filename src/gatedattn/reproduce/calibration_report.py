@@ -24,12 +24,14 @@ def calibration_series(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[f
 
 
 def calibration_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| lever | setting | steps | tokens | val loss | F-Attn (mean) | F-Attn (strongest layer) | "
-             "strongest / uniform | Sink^ε | M-Act / median |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    sessions = len({r.get("session", 1) for r in rows}) > 1
+    lines = ["| lever | setting | " + ("call | " if sessions else "") + "steps | tokens | val loss | F-Attn (mean) | "
+             "F-Attn (strongest layer) | strongest / uniform | Sink^ε | M-Act / median |",
+             "|---|---|" + ("---:|" if sessions else "") + "---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        call = f"{r.get('session', 1)} | " if sessions else ""
         lines.append(
-            f"| `{r['lever']}` | {r['what']} | {r['steps']} | {r['tokens'] / 1e6:.2f} M | {r['val_loss']:.3f} | "
+            f"| `{r['lever']}` | {r['what']} | {call}{r['steps']} | {r['tokens'] / 1e6:.2f} M | {r['val_loss']:.3f} | "
             f"{r['f_attn']:.4f} | {r['f_attn_strongest']:.4f} (layer {r['strongest_layer']}) | "
             f"{sink_score(r):.2f}× | {r['sink_eps']:.3f} | {r['m_act_ratio']:.0f} |")
     return lines
@@ -38,6 +40,7 @@ def calibration_table(rows: list[dict[str, Any]]) -> list[str]:
 def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
     out = Path(out)
     rows, meta, cfg = results["levers"], results["meta"], results["config"]
+    cmds = results.get("commands") or [meta["command"]]
     series = calibration_series(rows)
     if series:
         plot_sink_calibration(series, out / "calibration.png")
@@ -53,11 +56,11 @@ def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
         "",
         "| | |",
         "|---|---|",
-        f"| command | `{meta['command']}` |",
+        *(f"| command{f' {i + 1}' if len(cmds) > 1 else ''} | `{c}` |" for i, c in enumerate(cmds)),
         f"| machine | {meta['machine']} |",
         f"| software | python {meta['python']}, torch {meta['torch']}, gatedattn {meta['gatedattn']} |",
         f"| precision | {p.get('dtype', '?')} ({p.get('reason', '')}) |",
-        f"| date | {meta['started']} · {meta['duration_min']:.1f} min |",
+        f"| date | {meta['started']} · {meta['duration_min']:.1f} min{' (the last call)' if len(cmds) > 1 else ''} |",
         *([f"| every lever also | {', '.join(f'`{x}`' for x in cfg['base_sets'])} (so a lever's setting column "
            "reads on top of these) |"] if cfg.get("base_sets") else []),
         "",
@@ -65,6 +68,9 @@ def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
         "",
         *calibration_table(rows),
         "",
+        *(["*call*: which of the commands above wrote the row (a lever is timed and trained by the call that starts "
+            "it; a run an interrupted call left behind is finished, not retrained, by the next).", ""]
+          if len({r.get("session", 1) for r in rows}) > 1 else []),
         "F-Attn: attention on token 0 (the BOS), averaged over heads and queries; *mean* averages the layers, "
         "*strongest* is the layer where it is largest. Uniform causal attention gives (1/T)·Σ 1/(i+1) "
         "(0.0198 at T 256); the report's sink rule needs 2× that and Sink^ε > 0 (a head whose mean attention on "
@@ -72,6 +78,8 @@ def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
         "",
         f"Strongest sink first: {', '.join(f'`{n}`' for n in results.get('ranking', []))}.",
         "",
+        *([f"The main job (`gatedattn reproduce`) trains with the recipe of `{results['main_default']}`.", ""]
+          if results.get("main_default") else []),
     ]
     if series:
         lines += ["## F-Attn over training", "", "![calibration](calibration.png)", ""]

@@ -245,11 +245,21 @@ def _stability(results: dict) -> Verdict:
         return Verdict(HELD, text)
     if gated_div and (not base_div or min(gated_div) < min(base_div)):
         return Verdict(NOT_HELD, text)
-    if spikes["gated"] < spikes["baseline"]:
-        return Verdict(HELD, text + "; no divergence, fewer spikes with the gate")
-    if spikes["gated"] > spikes["baseline"]:
-        return Verdict(NOT_HELD, text + "; no divergence, more spikes with the gate")
-    return Verdict(NOT_MEASURABLE, text + "; neither diverged differently at these learning rates")
+    if _clearly_fewer(spikes["gated"], spikes["baseline"]):
+        return Verdict(HELD, text + "; no divergence, clearly fewer spikes with the gate")
+    if _clearly_fewer(spikes["baseline"], spikes["gated"]):
+        return Verdict(NOT_HELD, text + "; no divergence, clearly more spikes with the gate")
+    return Verdict(NOT_MEASURABLE, text + "; neither diverged differently at these learning rates, and the spike "
+                                          f"counts differ by less than {SPIKE_FACTOR:g}x (or fewer than "
+                                          f"{MIN_SPIKES} spikes)")
+
+
+SPIKE_FACTOR = 2.0  # without divergence, spike counts decide only when one is at most half the other
+MIN_SPIKES = 3  # ... and the larger count is at least this (one or two spikes are batch noise)
+
+
+def _clearly_fewer(few: int, many: int) -> bool:
+    return many >= MIN_SPIKES and few * SPIKE_FACTOR <= many
 
 
 def _overhead(results: dict) -> Verdict:

@@ -115,13 +115,13 @@ def register(sub) -> None:
     p.add_argument("--budget-minutes", type=float,
                    help="wall-clock budget (default 20): time each variant's step here first and fit the steps to it")
     p.add_argument("--steps", type=int, help="fixed training steps per run instead of a budget (--quick: 40)")
-    p.add_argument("--seeds", type=int, help="seeds per variant (default 1); with 2+ the report tests seed noise")
+    p.add_argument("--seeds", type=int, help="seeds per variant (default 3; --quick: 1); with 2+ the report tests seed noise")
     p.add_argument("--data", help="prepared data directory (default: the bundled corpus, prepared once)")
     p.add_argument("--out", help="output directory (default runs/reproduce)")
     p.add_argument("--preset", help="model size preset (default small)")
     p.add_argument("--seq-len", type=int, help="training context (default 256)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-2)")
     p.add_argument("--lrs", type=_list_of(float, "--lrs"), help="learning-rate ladder for --study lr")
     p.add_argument("--ranks", type=_list_of(int, "--ranks"),
                    help="--study rank: hyga-lowrank inner widths d_int (default 8,16,32,64)")

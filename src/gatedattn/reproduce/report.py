@@ -116,7 +116,18 @@ def _step_plan(cfg: dict) -> str:
     if cfg.get("budget_minutes") is None or not timed:
         return f"{same}; fixed step count"
     per_step = ", ".join(f"{v} {t:.2f} s" for v, t in timed.items())
-    return f"{same}; steps fitted to a {cfg['budget_minutes']:g}-minute budget from timing one step of each here ({per_step})"
+    return (f"{same}; steps fitted to a {cfg['budget_minutes']:g}-minute budget from timing each variant's step here "
+            f"(medians of interleaved rounds: {per_step})")
+
+
+def _departures(cfg: dict) -> str | None:
+    """How the run's layers differ from the papers' (Qwen3-style) layers, and why."""
+    attention = ((cfg.get("train") or {}).get("model") or {}).get("attention") or {}
+    if attention.get("qk_norm") is False:
+        return ("no q/k RMSNorm (the papers' Qwen3 layers normalise queries and keys per head); the sink "
+                "calibration (`gatedattn reproduce --study calibrate`, docs/sink-calibration) measured the baseline's "
+                "first-token sink forming within a CPU budget only without it and at a high learning rate")
+    return None
 
 
 def _precision(cfg: dict, meta: dict) -> str:
@@ -140,6 +151,7 @@ def _setup_table(results: dict) -> list[str]:
         ("training", f"{cfg['steps']} steps × {cfg['batch_tokens']:,} tokens = {cfg['steps'] * cfg['batch_tokens'] / 1e6:.2f} M tokens per run, "
                      f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, seeds {cfg['seeds']}; "
                      f"{_step_plan(cfg)}"),
+        *([("departures", _departures(cfg))] if _departures(cfg) else []),
         ("precision", _precision(cfg, meta)),
         ("BOS", "every training and validation sequence starts with a BOS token (a fixed first token lets a sink form)"),
         ("analysis", f"{meta['analysis_tokens']:,} validation tokens, sequences of {cfg['seq_len']} (+BOS)"),
