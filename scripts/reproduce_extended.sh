@@ -11,13 +11,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 OUT=${OUT:-runs/reproduction-extended}
-STEPS=${STEPS:-300}
+STEPS=${STEPS:-270}
 SEEDS=${SEEDS:-2}
 # 1. stability: 12 layers at d_model 128, no q/k norm, a ladder of learning rates up to divergence
 gatedattn reproduce --study lr --preset tiny --set train.model.n_layers=12 --set train.model.attention.qk_norm=false \
     --seq-len 128 --batch-size 8 --steps 300 --lrs 0.03,0.1,0.2,0.4,0.8 --out "$OUT/lr" "$@"
 # 2. HyGA's low-rank inner width against gate cost, next to the full-rank G1 gate
-gatedattn reproduce --study rank --ranks 8,16,32,64 --steps "$STEPS" --out "$OUT/rank" "$@"
+gatedattn reproduce --study rank --ranks 8,16,32,64 --seeds 1 --steps "$STEPS" --out "$OUT/rank" "$@"
 # 3. every variant, with the two studies above folded into its claims table
 gatedattn reproduce --variants baseline,gated,gated-headwise,hyga-lowrank,hyga-sink,sink --seeds "$SEEDS" \
     --steps "$STEPS" --fold "$OUT/lr" --fold "$OUT/rank" --out "$OUT/main" "$@"

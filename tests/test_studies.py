@@ -1,6 +1,7 @@
 """The sink calibration, the HyGA rank sweep and folding studies into the main report,
 on a small prepared corpus."""
 
+import dataclasses
 import json
 
 import pytest
@@ -190,7 +191,7 @@ def test_gpu_scale_up_script_runs_its_pipeline_on_cpu(tmp_path, data_dir):
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable, "OUT": str(tmp_path / "gpu")}
-    proc = subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh"), "--quick", "--steps", "6",
+    proc = subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh"), "--quick", "--steps", "6", "--multiples", "1",
                            "--data", data_dir, "-q"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "gpu" / "results.json").read_text())
@@ -211,3 +212,46 @@ def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
     main = ReproduceConfig().train  # the main job's recipe is the calibrated lever's
     assert (lr.lr, lr.model.size, lr.model.attention, lr.weight_decay, lr.seq_len, lr.micro_batch) == \
         (main.lr, main.model.size, main.model.attention, main.weight_decay, main.seq_len, main.micro_batch)
+
+
+def test_a_second_call_reuses_finished_runs_and_their_analysis(tmp_path, data_dir, monkeypatch):
+    from gatedattn.reproduce import runner
+
+    cfg = ReproduceConfig.quick(preset="micro", steps=4, evals=1, analysis_sequences=4, multiples=(1,), data_dir=data_dir,
+                                variants=("baseline",), out_dir=str(tmp_path / "r"), progress=False)
+    reproduce(cfg)
+    first = json.loads((tmp_path / "r" / "results.json").read_text())["variants"]["baseline"]["runs"][0]
+
+    def no_analysis(*args, **kwargs):
+        raise AssertionError("a finished run was analysed again")
+
+    monkeypatch.setattr(runner, "analyze", no_analysis)
+    monkeypatch.setattr(runner, "extrapolate", no_analysis)
+    reproduce(cfg)
+    again = json.loads((tmp_path / "r" / "results.json").read_text())["variants"]["baseline"]["runs"][0]
+    assert again["analysis"] == first["analysis"] and again["extrapolation"] == first["extrapolation"]
+    # another analysis setting analyses again
+    monkeypatch.undo()
+    reproduce(dataclasses.replace(cfg, analysis_sequences=8))
+    third = json.loads((tmp_path / "r" / "results.json").read_text())["variants"]["baseline"]["runs"][0]
+    assert third["analysis"]["n_sequences"] == 8
+
+
+def test_a_signal_stops_the_whole_study(tmp_path, data_dir, monkeypatch):
+    import types
+
+    from gatedattn.errors import Interrupted
+    from gatedattn.reproduce import runner
+
+    trained = []
+
+    def interrupted_train(cfg, **kwargs):
+        trained.append(cfg.model.variant)
+        return types.SimpleNamespace(interrupted="SIGTERM", interrupted_signal=15, steps=2)
+
+    monkeypatch.setattr(runner, "train", interrupted_train)
+    cfg = ReproduceConfig.quick(preset="micro", steps=4, data_dir=data_dir, variants=("baseline", "gated"),
+                                out_dir=str(tmp_path / "r"), progress=False)
+    with pytest.raises(Interrupted, match="SIGTERM: baseline-s0 stopped after step 2") as e:
+        reproduce(cfg)
+    assert e.value.status == 143 and trained == ["baseline"]  # gated never started

@@ -106,12 +106,21 @@ def test_train_needs_both_directories(data_dir):
 def test_reproduction_trains_the_same_configs_as_before():
     """Each run of the default and the quick reproduction gets the TrainConfig the flat
     ReproduceConfig gave it (recorded before the config tree; data_dir aside, which was a
-    placeholder then), so the default reproduction's numbers are unchanged."""
+    placeholder then), once the two changes the sink calibration made to the recipe (q/k norm
+    off, LR 1e-2) are undone: nothing else moved."""
+    import dataclasses
+
     from gatedattn.reproduce import ReproduceConfig
+
+    def before_calibration(cfg):
+        model = dataclasses.replace(cfg.train.model, attention={})
+        return dataclasses.replace(cfg, train=cfg.train.replace(lr=3e-3, model=model))
 
     recorded = json.loads((LEGACY / "legacy_reproduce_train_configs.json").read_text())
     configs = {"default": ReproduceConfig(steps=700, budget_minutes=None), "quick": ReproduceConfig.quick(),
                "quick_set": ReproduceConfig.quick(grad_clip=0.5)}
+    assert all(c.train.lr == 1e-2 and c.train.model.attention == {"qk_norm": False} for c in configs.values())
+    configs = {k: before_calibration(c) for k, c in configs.items()}
     for key, old in recorded.items():
         name, run = key.split("/")
         cfg = configs[name]

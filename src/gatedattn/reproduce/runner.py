@@ -33,7 +33,7 @@ from gatedattn.analysis.analyze import analyze, extrapolate
 from gatedattn.analysis.metrics import mean_std
 from gatedattn.layer_cost import cost
 from gatedattn.data import TokenData, prepare
-from gatedattn.errors import ConfigError
+from gatedattn.errors import ConfigError, Interrupted
 from gatedattn.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.precision import resolve_dtype
@@ -305,6 +305,9 @@ def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str,
     _say(f"training {tag}: {steps} steps of {tcfg.micro_batch}x{tcfg.seq_len} tokens")
     hook = SinkTracker(data, tcfg.seq_len) if analyse else None
     result = train(tcfg, eval_hook=hook, resume=True)
+    if result.interrupted is not None:  # a signal stops the whole study, not just this run
+        raise Interrupted(f"{result.interrupted}: {tag} stopped after step {result.steps} with a checkpoint; the same "
+                          "command continues it", 128 + result.interrupted_signal)
     run: dict[str, Any] = {
         "variant": variant, "seed": seed, "lr": tcfg.lr, "run_dir": str(run_dir.relative_to(out)),
         "steps": result.steps, "tokens": result.tokens, "diverged": result.diverged,
@@ -314,6 +317,14 @@ def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str,
     }
     if not analyse or result.final_dir is None:
         return run
+    cache = run_dir / "analysis.json"  # the analysis of a finished run is kept, so a later call can reuse it
+    key = {"steps": result.steps, "analysis_sequences": cfg.analysis_sequences, "multiples": list(cfg.multiples),
+           "seq_len": tcfg.seq_len}
+    if cache.is_file():
+        saved = read_json_object(cache)
+        if saved.get("key") == key:
+            _say(f"reusing the analysis of {tag}")
+            return {**run, **saved["run"]}
     model = GatedLM.from_pretrained(result.final_dir)
     n_layers = model.cfg.n_layers
     batches = data.val_batches(seq_len=tcfg.seq_len, batch_size=8, max_batches=math.ceil(cfg.analysis_sequences / 8))
@@ -322,6 +333,7 @@ def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str,
     if cfg.multiples:
         run["extrapolation"] = extrapolate(model, data, train_len=tcfg.seq_len, multiples=cfg.multiples,
                                            batch_size=4)
+    atomic_write_json(cache, json_safe({"key": key, "run": {k: run[k] for k in ("analysis", "extrapolation") if k in run}}))
     return run
 
 
