@@ -13,7 +13,7 @@ bash scripts/setup.sh
 OUT=${OUT:-runs/reproduction-extended}
 STEPS=${STEPS:-270}
 SEEDS=${SEEDS:-2}
-# 1. stability: 12 layers at d_model 128, no q/k norm, a ladder of learning rates up to divergence
+# 1. stability: 12 layers at d_model 128, no q/k norm, learning rates from 0.03 to 0.8 (first spike, first divergence)
 gatedattn reproduce --study lr --preset tiny --set train.model.n_layers=12 --set train.model.attention.qk_norm=false \
     --seq-len 128 --batch-size 8 --steps 300 --lrs 0.03,0.1,0.2,0.4,0.8 --out "$OUT/lr" "$@"
 # 2. HyGA's low-rank inner width against gate cost, next to the full-rank G1 gate

@@ -227,3 +227,15 @@ def _sweep(ref_losses, points):
 def test_lowrank_claim_from_rank_sweep(ref, points, expected, why):
     row = next(x for x in judge_all(_sweep(ref, points)) if x["key"] == "hyga-lowrank")
     assert row["verdict"] == expected and why in row["measured"]
+
+
+def test_lowrank_claim_takes_seed_noise_from_main_gated_runs_at_the_same_steps():
+    r = _sweep([4.00], [(8, 200, 4.05)])
+    r["rank_sweep"]["steps"] = 10
+    r["summary"]["gated"] = {"val_loss": stat(4.00, 4.06, 3.94)}
+    r["config"] = {"steps": 10}
+    row = next(x for x in judge_all(r) if x["key"] == "hyga-lowrank")
+    assert row["verdict"] == HELD and "over 3 seeds" in row["measured"]  # +0.05 is within 2σ = 0.12
+    r["config"] = {"steps": 20}  # other steps: the sweep's one seed only, and +0.05 loses
+    row = next(x for x in judge_all(r) if x["key"] == "hyga-lowrank")
+    assert row["verdict"] == NOT_HELD and "one seed" in row["measured"]

@@ -295,7 +295,18 @@ def _overhead(results: dict) -> Verdict:
 LOWRANK_SHARE = 0.35  # "a fraction of the G1 gate": the paper's d_int 32 costs 26 %
 
 
-def _lowrank_sweep(sweep: dict) -> Verdict:
+def _gated_seed_losses(results: dict, sweep: dict) -> list[float]:
+    """Final val losses of `gated` over seeds at the sweep's step count: the sweep's own
+    reference runs, or the main runs' when they trained as many steps and more seeds."""
+    own = [x["val_loss"] for x in sweep["rows"] if x["variant"] == "gated"]
+    main = _metric(results, "gated", "val_loss")
+    same_steps = (results.get("config") or {}).get("steps") == sweep.get("steps")
+    if main and same_steps and len(main["values"]) > len(own):
+        return list(main["values"])
+    return own
+
+
+def _lowrank_sweep(results: dict, sweep: dict) -> Verdict:
     """From the rank sweep: the cheapest d_int whose gate costs at most LOWRANK_SHARE of
     G1's; held when its loss is no worse than gated's (within the gated runs' seed noise
     where several seeds ran)."""
@@ -307,9 +318,10 @@ def _lowrank_sweep(sweep: dict) -> Verdict:
     cheap = [r for r in rows if r["share"] <= LOWRANK_SHARE and math.isfinite(r["loss"])]
     table = "; ".join(f"d_int {r['d_int']}: {100 * r['share']:.0f} % of G1's gate FLOPs, Δ val loss {r['delta']:+.4f}"
                       for r in rows)
-    ref_losses = [x["val_loss"] for x in sweep["rows"] if x["variant"] == "gated"]
+    ref_losses = _gated_seed_losses(results, sweep)
     noise = 2 * statistics.stdev(ref_losses) if len(ref_losses) >= 2 else 0.0
-    suffix = "" if len(ref_losses) >= 2 else "; one seed, so seed noise is unknown"
+    suffix = (f"; `gated` seed noise (2σ over {len(ref_losses)} seeds) {noise:.4f}" if len(ref_losses) >= 2
+              else "; one seed, so seed noise is unknown")
     if not cheap:
         return Verdict(NOT_MEASURABLE, f"{table}; no d_int costs ≤ {100 * LOWRANK_SHARE:.0f} % of G1's gate" + suffix)
     best = min(cheap, key=lambda r: r["delta"])
@@ -321,7 +333,7 @@ def _lowrank_sweep(sweep: dict) -> Verdict:
 
 def _lowrank_cost(results: dict) -> Verdict:
     if results.get("rank_sweep"):
-        return _lowrank_sweep(results["rank_sweep"])
+        return _lowrank_sweep(results, results["rank_sweep"])
     cost = results.get("gate_cost", {})
     full, low = cost.get("gated"), cost.get("hyga-lowrank")
     if not full or not low:

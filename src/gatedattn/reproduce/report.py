@@ -235,7 +235,7 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
               results["meta"]["command"], "```", ""]
     for f in folded:
         lines += [f"The {' and '.join(k.replace('_', ' ') for k in f['studies'])} came from `{f['dir']}` "
-                  f"(machine: {f.get('machine')}), made by the command before the last one.", ""]
+                  f"(machine: {f.get('machine')}), written by its command above.", ""]
     lines += ["All figures above come from `results.json` beside this report.", ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))
 
