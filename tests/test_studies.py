@@ -255,3 +255,16 @@ def test_a_signal_stops_the_whole_study(tmp_path, data_dir, monkeypatch):
     with pytest.raises(Interrupted, match="SIGTERM: baseline-s0 stopped after step 2") as e:
         reproduce(cfg)
     assert e.value.status == 143 and trained == ["baseline"]  # gated never started
+
+
+def test_each_study_has_its_own_default_directory():
+    import argparse
+
+    from gatedattn.reproduce.cli import _default_out
+
+    def ns(study, quick=False):
+        return argparse.Namespace(study=study, quick=quick)
+
+    assert _default_out(ns(None)) is None and _default_out(ns("main", True)) is None  # the config's own default
+    assert _default_out(ns("rank")) == "runs/reproduce-rank"
+    assert _default_out(ns("lr", True)) == "runs/reproduce-lr-quick"

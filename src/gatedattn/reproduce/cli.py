@@ -70,6 +70,14 @@ def _command() -> str | None:
     return "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
 
 
+def _default_out(args: argparse.Namespace) -> str | None:
+    """Each study writes to a directory of its own unless --out says otherwise, so that one
+    study's runs are never resumed as another's (None: the config's default)."""
+    if args.study in (None, "main"):
+        return None
+    return f"runs/reproduce-{args.study}" + ("-quick" if args.quick else "")
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.study == "mechanism":
         return _run_mechanism(args)
@@ -82,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
     given = {
         "variants": args.variants, "seeds": args.seeds, "budget_minutes": args.budget_minutes,
         "steps": args.steps, "preset": args.preset, "seq_len": args.seq_len, "micro_batch": args.batch_size,
-        "lr": args.lr, "lrs": args.lrs, "dtype": args.dtype, "data_dir": args.data, "out_dir": args.out,
+        "lr": args.lr, "lrs": args.lrs, "dtype": args.dtype, "data_dir": args.data, "out_dir": args.out or _default_out(args),
         "multiples": args.multiples, "study": args.study, "progress": not args.quiet,
         "ranks": args.ranks, "fold": tuple(args.fold) if args.fold else None,
     }
@@ -117,7 +125,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, help="fixed training steps per run instead of a budget (--quick: 40)")
     p.add_argument("--seeds", type=int, help="seeds per variant (default 3; --quick: 1); with 2+ the report tests seed noise")
     p.add_argument("--data", help="prepared data directory (default: the bundled corpus, prepared once)")
-    p.add_argument("--out", help="output directory (default runs/reproduce)")
+    p.add_argument("--out", help="output directory (default runs/reproduce, runs/reproduce-<study> for --study lr "
+                                 "and rank; -quick appended with --quick)")
     p.add_argument("--preset", help="model size preset (default small)")
     p.add_argument("--seq-len", type=int, help="training context (default 256)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
