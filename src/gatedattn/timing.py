@@ -84,6 +84,14 @@ def interleaved_times(
     return times
 
 
+def median_times(workloads: Mapping[str, Callable[[], object]], *, repeats: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per call of each workload over ``repeats`` interleaved rounds
+    (:func:`interleaved_times`): load on the machine while timing moves every workload
+    alike, and the median drops a burst."""
+    samples = interleaved_times(workloads, repeats=repeats, warmup=warmup)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
 def _sample(fn: Callable[[], object], calls: int, sync: Callable[[], None], clock: Callable[[], float]) -> float:
     gc.collect()
     enabled = gc.isenabled()

@@ -28,7 +28,6 @@ import dataclasses
 import datetime
 import json
 import platform
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -45,7 +44,10 @@ from gatedattn.io import atomic_write_json, atomic_write_text, json_safe, read_j
 from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import uniform_first_token_attention
 from gatedattn.settings import apply_sets
-from gatedattn.timing import interleaved_times
+from gatedattn.reproduce.runner import (
+    ReproduceConfig, ensure_data, machine_description, make_step, run_one,
+)
+from gatedattn.timing import median_times
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,6 @@ class CalibrationConfig:
 
     def recipe(self, lever: Lever, *, steps: int, data_dir: str | None = None):
         """The lever's reproduction config: the baseline alone, ``steps`` steps, no extrapolation."""
-        from gatedattn.reproduce.runner import ReproduceConfig
-
         make = ReproduceConfig.quick if self.quick_base else ReproduceConfig
         base = make(variants=("baseline",), steps=steps, budget_minutes=None, multiples=(), evals=self.evals,
                     progress=self.progress, data_dir=data_dir or self.data_dir)
@@ -200,7 +200,9 @@ def _earlier(cfg: CalibrationConfig, out: Path) -> tuple[dict[str, dict[str, Any
         what = ", ".join(f"{k}: {before.get(k)!r} there, {mine[k]!r} here" for k in differ)
         raise ConfigError(f"{out} holds a calibration with other settings ({what}); give a new --out to keep both")
     rows = {r["lever"]: {**r, "session": r.get("session", 1)} for r in old.get("levers", [])}
-    return rows, list(old.get("commands") or [(old.get("meta") or {}).get("command")] if rows else [])
+    if not rows:
+        return {}, []
+    return rows, old.get("commands") or [(old.get("meta") or {}).get("command")]
 
 
 def time_levers(cfg: CalibrationConfig, data_dirs: dict[str, Path], repeats: int = 3,
@@ -208,16 +210,13 @@ def time_levers(cfg: CalibrationConfig, data_dirs: dict[str, Path], repeats: int
     """Seconds per training step of every lever's baseline (or of ``names``), timed
     together before any trains: interleaved rounds (odd rounds reversed), medians, so that
     load on the machine while timing moves every lever alike."""
-    from gatedattn.reproduce.runner import make_step
-
     steps = {}
     for lever in cfg.chosen():
         if names is not None and lever.name not in names:
             continue
         d = data_dirs[lever.name]
         steps[lever.name] = make_step(cfg.recipe(lever, steps=10, data_dir=str(d)), "baseline", TokenData(d))
-    samples = interleaved_times(steps, repeats=repeats, warmup=1)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return median_times(steps, repeats=repeats)
 
 
 def _started_steps(out: Path, lever: Lever) -> int | None:
@@ -232,8 +231,6 @@ def _started_steps(out: Path, lever: Lever) -> int | None:
 
 def run_lever(cfg: CalibrationConfig, lever: Lever, data_dir: Path, out: Path,
               step_s: float | None, steps: int | None = None) -> dict[str, Any]:
-    from gatedattn.reproduce.runner import run_one
-
     data = TokenData(data_dir, verify=True)
     if steps is None:
         steps = cfg.steps if cfg.steps is not None else max(10, int(cfg.minutes_per_run * 60 / step_s))
@@ -255,8 +252,7 @@ def run_lever(cfg: CalibrationConfig, lever: Lever, data_dir: Path, out: Path,
 
 def run_calibration(cfg: CalibrationConfig, command: str | None = None) -> Path:
     """Train every lever; write results.json, report.md and the plot; return report.md."""
-    from gatedattn.reproduce.runner import ensure_data, machine_description
-    from gatedattn.reproduce.calibration_report import write_calibration_report
+    from gatedattn.reproduce.calibration_report import write_calibration_report  # it imports this module
 
     started = time.time()
     out = Path(cfg.out_dir)
@@ -307,8 +303,6 @@ _RECIPE_FIELDS = ("lr", "weight_decay", "seq_len", "micro_batch")
 
 def main_default_lever(cfg: CalibrationConfig) -> str | None:
     """The lever whose recipe is the main job's default (``gatedattn reproduce``), if any."""
-    from gatedattn.reproduce.runner import ReproduceConfig
-
     main = ReproduceConfig().train
     for lever in cfg.chosen():
         t = cfg.recipe(lever, steps=10).train

@@ -141,6 +141,7 @@ def _precision(cfg: dict, meta: dict) -> str:
 
 def _setup_table(results: dict) -> list[str]:
     cfg, meta = results["config"], results["meta"]
+    departures = _departures(cfg)
     rows = [
         ("command", f"`{meta['command']}`"),
         ("machine", meta["machine"]),
@@ -151,7 +152,7 @@ def _setup_table(results: dict) -> list[str]:
         ("training", f"{cfg['steps']} steps × {cfg['batch_tokens']:,} tokens = {cfg['steps'] * cfg['batch_tokens'] / 1e6:.2f} M tokens per run, "
                      f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, seeds {cfg['seeds']}; "
                      f"{_step_plan(cfg)}"),
-        *([("departures", _departures(cfg))] if _departures(cfg) else []),
+        *([("departures", departures)] if departures else []),
         ("precision", _precision(cfg, meta)),
         ("BOS", "every training and validation sequence starts with a BOS token (a fixed first token lets a sink form)"),
         ("analysis", f"{meta['analysis_tokens']:,} validation tokens, sequences of {cfg['seq_len']} (+BOS)"),

@@ -40,7 +40,7 @@ from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.rank_sweep import rank_section, rank_sweep
 from gatedattn.reproduce.report import write_report, write_study_report
-from gatedattn.timing import interleaved_times
+from gatedattn.timing import interleaved_times, median_times
 from gatedattn.settings import option
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.config import ModelRecipe, has_gate
@@ -256,9 +256,7 @@ def time_steps(cfg: ReproduceConfig, data: TokenData, repeats: int = 5) -> dict[
     """Seconds per training step of every variant here: medians of ``repeats`` interleaved
     rounds (odd rounds in reverse order, two untimed rounds first), so that a burst of
     load on the machine moves every variant's time alike and the median drops it."""
-    steps = {v: make_step(cfg, v, data) for v in cfg.variants}
-    samples = interleaved_times(steps, repeats=repeats, warmup=2)
-    return {v: statistics.median(s) for v, s in samples.items()}
+    return median_times({v: make_step(cfg, v, data) for v in cfg.variants}, repeats=repeats, warmup=2)
 
 
 def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int,
@@ -518,15 +516,14 @@ def lr_study(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -
         for variant in ("baseline", "gated"):
             r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
             runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
-    return {"steps": steps, "runs": runs, "recipe": describe_recipe(cfg.train_config("baseline", 0, steps=steps),
-                                                                     data.vocab_size, steps)}
+    return {"steps": steps, "runs": runs, "recipe": describe_recipe(cfg.train_config("baseline", 0, steps=steps), data.vocab_size)}
 
 
-def describe_recipe(t: TrainConfig, vocab_size: int, steps: int) -> str:
+def describe_recipe(t: TrainConfig, vocab_size: int) -> str:
     """The settings a study's runs share, in words (for reports of studies run apart)."""
     m = t.model_config(vocab_size)
     a = m.attention
     return (f"{m.n_layers} layers, d_model {m.d_model}, {a.n_heads} heads, q/k norm {'on' if a.qk_norm else 'off'}, "
-            f"T {t.seq_len}, {t.micro_batch * t.grad_accum} sequences a step, {steps} steps, warm-up "
-            f"{min(t.warmup_steps, max(steps // 5, 1))}, {t.schedule} decay, weight decay {t.weight_decay:g}, "
+            f"T {t.seq_len}, {t.micro_batch * t.grad_accum} sequences a step, {t.steps} steps, warm-up "
+            f"{t.warmup_steps}, {t.schedule} decay, weight decay {t.weight_decay:g}, "
             f"gradient clipping {t.grad_clip:g}, {t.optimizer}")
