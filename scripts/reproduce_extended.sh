@@ -20,4 +20,4 @@ gatedattn reproduce --study lr --preset tiny --set train.model.n_layers=12 --set
 gatedattn reproduce --study rank --ranks 8,16,32,64 --seeds 1 --steps "$STEPS" --out "$OUT/rank" "$@"
 # 3. every variant, with the two studies above folded into its claims table
 gatedattn reproduce --variants baseline,gated,gated-headwise,hyga-lowrank,hyga-sink,sink --seeds "$SEEDS" \
-    --steps "$STEPS" --fold "$OUT/lr" --fold "$OUT/rank" --out "$OUT/main" "$@"
+    --steps "$STEPS" --no-mechanism --fold "$OUT/lr" --fold "$OUT/rank" --out "$OUT/main" "$@"

@@ -23,4 +23,4 @@ else
     SIZE=(--preset base --seq-len 512 --batch-size 64 --budget-minutes "${MINUTES:-8}" --set train.compile=true)
     OUT=${OUT:-docs/reproduction-gpu}
 fi
-exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --variants baseline,gated --set "train.device=$DEVICE" --out "$OUT" "$@"
+exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --variants baseline,gated --no-mechanism --set "train.device=$DEVICE" --out "$OUT" "$@"

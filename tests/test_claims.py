@@ -89,13 +89,23 @@ def test_uniform_first_token_attention():
 
 
 @pytest.mark.parametrize("f_attn,sink_eps,shown", [
-    (0.05, 0.25, True),     # 2.4x the uniform 0.0205 of T = 255, and a sink head
+    (0.05, 0.25, True),     # 2.4x the uniform 0.0205 of T = 255
     (0.03, 0.25, False),    # under 2x uniform
-    (0.30, 0.0, False),     # no head above eps
+    (0.08, 0.0, True),      # 4x uniform spread over heads, none above eps: still a sink for an F-Attn claim
 ])
-def test_sink_shown_needs_twice_uniform_and_a_sink_head(f_attn, sink_eps, shown):
+def test_sink_shown_for_f_attn_claims_needs_twice_uniform(f_attn, sink_eps, shown):
     r = results(baseline={"f_attn": stat(f_attn), "sink_eps": stat(sink_eps)})
     assert (sink_shown(r) is None) == shown
+
+
+@pytest.mark.parametrize("sink_eps,shown", [(0.25, True), (0.0, False)])
+def test_sink_shown_for_the_sink_eps_claim_needs_a_sink_head(sink_eps, shown):
+    r = results(baseline={"f_attn": stat(0.3), "sink_eps": stat(sink_eps)})
+    assert (sink_shown(r, metric="sink_eps") is None) == shown
+    gated = {"f_attn": stat(0.02), "sink_eps": stat(0.0)}
+    row = next(x for x in judge_all(results(baseline={"f_attn": stat(0.3), "sink_eps": stat(sink_eps)}, gated=gated))
+               if x["key"] == "ga-sink-eps")
+    assert (row["verdict"] != NOT_MEASURABLE) == shown
 
 
 def test_sink_shown_needs_the_sequence_length():
@@ -199,7 +209,7 @@ def _sink_results(base_layer, gated_layer, base_mean=0.05, sink_eps=0.25):
 @pytest.mark.parametrize("base_layer,gated_layer,sink_eps,expected", [
     ((0.30, 0.32, 0.31), (0.05, 0.06, 0.05), 0.25, HELD),
     ((0.30, 0.32, 0.31), (0.40, 0.41, 0.42), 0.25, NOT_HELD),
-    ((0.30, 0.32, 0.31), (0.05, 0.06, 0.05), 0.0, NOT_MEASURABLE),    # no sink head: nothing to remove
+    ((0.30, 0.32, 0.31), (0.05, 0.06, 0.05), 0.0, HELD),    # no head passes eps, but F-Attn is 15x uniform there
     ((0.030, 0.031, 0.03), (0.01, 0.01, 0.01), 0.25, NOT_MEASURABLE),  # below 2x uniform at that layer
     ((0.30, 0.10, 0.50), (0.20, 0.05, 0.35), 0.25, NOT_MEASURABLE),    # within seed noise
 ])

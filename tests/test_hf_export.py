@@ -72,6 +72,8 @@ def test_export_rope_scaling(tmp_path, rope):
     ("baseline", {"attention_fields": {"rope": RopeConfig(fraction=0.5)}}, "fraction"),
     ("baseline", {"attention_fields": {"rope": RopeConfig(scaling="ntk", factor=2.0)}}, "ntk"),
     ("baseline", {"attention_fields": {"qkv_bias": True}}, "attention_bias"),
+    ("baseline", {"norm": "layer"}, r"ModelConfig.norm='layer'"),
+    ("baseline", {"position_embedding": "learned"}, r"ModelConfig.position_embedding='learned'"),
 ])
 def test_export_refuses_what_stock_transformers_cannot_express(tmp_path, variant, kw, message):
     model = micro(variant, **kw)

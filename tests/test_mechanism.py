@@ -13,7 +13,7 @@ from gatedattn.data.backcopy import CHAIN_LEN, FALLBACK_TEXT, BigramBackcopy
 from gatedattn.errors import ConfigError, GatedAttnError
 from gatedattn.model import GatedLM, ModelConfig
 from gatedattn.reproduce.claims import HELD, NOT_HELD, NOT_MEASURABLE, uniform_first_token_attention
-from gatedattn.reproduce.mechanism import MechanismConfig, judge_mechanism
+from gatedattn.reproduce.mechanism import MechanismConfig, at_layer, judge_mechanism, strongest_layer
 from gatedattn.reproduce.mechanism_probe import measure, query_classes
 
 
@@ -215,8 +215,49 @@ def test_removal_claims_need_the_baseline_sink():
     no_sink = {**BASE, "f_attn": stat(0.08, 0.09, 0.07), "bos_attn_ordinary": stat(0.1, 0.1, 0.1)}
     row = verdicts(baseline=no_sink, gated=dict(bos_attn_ordinary=stat(0.01, 0.01, 0.01)))["mech-removes-gated"]
     assert row["verdict"] == NOT_MEASURABLE and "no sink" in row["measured"]
+    # the rule reads the quantity the claim is about (BOS attention), not whether one head passes ε
     no_head = {**BASE, "sink_eps": stat(0.0, 0.0, 0.0)}
-    assert verdicts(baseline=no_head, gated=gated)["mech-removes-gated"]["verdict"] == NOT_MEASURABLE
+    assert verdicts(baseline=no_head, gated=gated)["mech-removes-gated"]["verdict"] == HELD
+    weak = {**BASE, "bos_attn_ordinary": stat(0.2, 0.2, 0.2), "uniform_bos_attn_ordinary": stat(0.07, 0.07, 0.07)}
+    row = verdicts(baseline=weak, gated=dict(bos_attn_ordinary=stat(0.01, 0.01, 0.01)))["mech-removes-gated"]
+    assert row["verdict"] == NOT_MEASURABLE and "≥ 3× uniform" in row["measured"]  # 2.9x is not a sink to remove
+
+
+def test_sink_claim_needs_every_seed():
+    one_low = {**BASE, "bos_attn_ordinary": stat(0.9, 0.9, 0.4)}  # mean 0.73, one seed short
+    row = verdicts(baseline=one_low)["mech-sink"]
+    assert row["verdict"] == NOT_HELD and "0.400" in row["measured"]
+
+
+def _norms(v_bos, v_other, h_bos, h_other):
+    return dict(value_norm_bos=stat(*v_bos), value_norm_other=stat(*v_other), resid_norm_bos=stat(*h_bos),
+                resid_norm_other=stat(*h_other))
+
+
+def test_drain_and_peak_claims():
+    drained = {**BASE, **_norms((1, 1, 1), (4, 4, 2.5), (30, 30, 30), (10, 12, 14))}
+    rows = verdicts(baseline=drained, gated=_norms((3, 3, 3), (4, 4, 4), (10, 10, 10), (10, 10, 10)))
+    assert rows["mech-drain"]["verdict"] == HELD and rows["mech-peak"]["verdict"] == HELD
+    assert rows["mech-drain-gated"]["verdict"] == HELD and rows["mech-peak-gated"]["verdict"] == HELD
+    # one gated seed still drained: the drain did not vanish
+    rows = verdicts(baseline=drained, gated=_norms((3, 3, 1), (4, 4, 4), (10, 10, 10), (10, 10, 10)))
+    assert rows["mech-drain-gated"]["verdict"] == NOT_HELD
+    # one baseline seed without the drain: the drain claim fails and its removal is not measurable
+    partial = {**BASE, **_norms((1, 1, 3), (4, 4, 4), (5, 5, 5), (10, 10, 10))}
+    rows = verdicts(baseline=partial, gated=_norms((3, 3, 3), (4, 4, 4), (10, 10, 10), (10, 10, 10)))
+    assert rows["mech-drain"]["verdict"] == NOT_HELD and rows["mech-peak"]["verdict"] == NOT_HELD
+    assert rows["mech-drain-gated"]["verdict"] == NOT_MEASURABLE and "0.75" in rows["mech-drain-gated"]["measured"]
+
+
+def test_claims_read_the_baseline_strongest_layer():
+    def final(bos_per_layer):
+        return {"bos_attn_ordinary_per_layer": bos_per_layer, "bos_attn_ordinary": sum(bos_per_layer) / 2}
+
+    base = [{"final": final([0.1, 0.9])}, {"final": final([0.2, 0.7])}]
+    assert strongest_layer(base) == 1
+    assert at_layer(final([0.3, 0.05]), 1)["bos_attn_ordinary"] == 0.05  # every variant read at that layer
+    assert at_layer(final([0.3, 0.05]), None)["bos_attn_ordinary"] == 0.175
+    assert strongest_layer([]) is None
 
 
 def test_gate_selectivity_claim():
@@ -235,14 +276,21 @@ def test_learnable_sink_claim():
     assert verdicts(baseline=BASE, sink=took)["mech-learnable-sink"]["verdict"] == HELD
     elsewhere = dict(bos_attn_ordinary=stat(0.05, 0.06, 0.05), sink_mass_ordinary=stat(0.1, 0.1, 0.12))
     assert verdicts(baseline=BASE, sink=elsewhere)["mech-learnable-sink"]["verdict"] == NOT_HELD
-    no_sink = {**BASE, "sink_eps": stat(0.0, 0.0, 0.0)}
+    no_sink = {**BASE, "bos_attn_ordinary": stat(0.1, 0.1, 0.1)}
     assert verdicts(baseline=no_sink, sink=took)["mech-learnable-sink"]["verdict"] == NOT_MEASURABLE
 
 
 # ------------------------------------------------------------------------------ config, CLI, end to end
-@pytest.mark.parametrize("kw,match", [(dict(variants=("baseline", "g2-value")), r"variants: 'g2-value'"),
+@pytest.mark.parametrize("kw,match", [(dict(variants=("baseline", "g2-value")), r"variants='g2-value' is not allowed"),
                                       (dict(variants=("gated",)), "must include 'baseline'"),
-                                      (dict(depths=(0,)), "depths"), (dict(workers=0), "workers=0")])
+                                      (dict(depths=(0,)), "depths"), (dict(workers=0), "workers=0"),
+                                      (dict(positions="alibi"), r"positions='alibi' is not allowed.*'learned'"),
+                                      (dict(norm="batch"), r"norm='batch' is not allowed"),
+                                      (dict(schedule="linear"), r"schedule='linear' is not allowed"),
+                                      (dict(beta2=1.0), r"beta2=1.0 must be in \(0, 1\)"),
+                                      (dict(train_tokens=10), "train_tokens=10 must exceed seq_len"),
+                                      (dict(embed_std=0.0), "embed_std=0.0 must be > 0"),
+                                      (dict(d_model=0), "d_model=0 must be > 0")])
 def test_bad_mechanism_config(kw, match):
     with pytest.raises(ConfigError, match=match):
         MechanismConfig(**kw)
@@ -250,14 +298,25 @@ def test_bad_mechanism_config(kw, match):
 
 def test_default_plan():
     plan = MechanismConfig().plan()
-    assert len(plan) == 5 * 3 + 2 * 3 and plan[0][1] == 3
-    assert {v for v, d, _ in plan if d == 3} == {"baseline", "gated"}
+    assert len(plan) == 3 * 3 + 2 * 3 and plan[0][1] == 2
+    assert {v for v, d, _ in plan if d == 2} == {"baseline", "gated"}
+    assert {v for v, d, _ in plan if d == 1} == {"baseline", "gated", "sink"}
 
 
 def test_cli_rejects_flags_of_other_studies(capsys):
     assert main(["reproduce", "--study", "mechanism", "--preset", "tiny", "--quick"]) == 2
     assert "--preset do not apply to --study mechanism" in capsys.readouterr().err
     assert main(["reproduce", "--workers", "2", "--quick"]) == 2
+    assert "--workers do not apply to --study main" in capsys.readouterr().err
+    assert main(["reproduce", "--study", "lr", "--no-mechanism", "--quick"]) == 2
+    assert "--no-mechanism do not apply to --study lr" in capsys.readouterr().err
+
+
+def test_every_study_is_registered_once_with_its_flags():
+    from gatedattn.reproduce.cli import STUDIES
+
+    assert list(STUDIES) == ["main", "lr", "rank", "mechanism", "calibrate", "calibrate-mechanism"]
+    assert all(flag.startswith("--") and study.help for study in STUDIES.values() for flag in study.flags)
 
 
 @pytest.mark.slow
@@ -272,10 +331,11 @@ def test_quick_mechanism_study_end_to_end(tmp_path):
     curve = results["depths"]["1"]["runs"]["baseline"][0]["curve"]
     assert len(curve["step"]) >= 3 and len(curve["bos_attn_ordinary"]) == len(curve["step"])
     claims = {c["key"]: c["verdict"] for c in results["depths"]["1"]["claims"]}
-    assert set(claims) == {"mech-sink", "mech-removes-gated", "mech-selective-gated"}
+    assert set(claims) == {"mech-sink", "mech-removes-gated", "mech-selective-gated", "mech-drain", "mech-peak",
+                           "mech-drain-gated", "mech-peak-gated"}
     report = (out / "report.md").read_text()
     for png in ("bos_attention_L1", "gate_score_L1"):
         assert (out / f"{png}.png").stat().st_size > 1000 and f"({png}.png)" in report
-    assert "gatedattn reproduce --study mechanism" in report and "Sink^ε > 0" in report
+    assert "gatedattn reproduce --study mechanism" in report and "≥ 3× the uniform level" in report
     again = main(["reproduce", "--study", "mechanism", "--quick", "--out", str(out), "-q"])  # reuses the runs
     assert again == 0 and json.loads((out / "results.json").read_text())["depths"] == results["depths"]

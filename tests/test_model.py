@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from gatedattn import GatedAttnError
+from gatedattn.config import RopeConfig
+from gatedattn.errors import ConfigError
 from gatedattn.model import SIZE_PRESETS, GatedLM, ModelConfig
 
 
@@ -85,3 +87,69 @@ def test_corrupt_checkpoints_fail_clearly(tmp_path):
     (tmp_path / "config.json").unlink()
     with pytest.raises(GatedAttnError, match="config.json is missing"):
         GatedLM.from_pretrained(tmp_path)
+
+
+# ------------------------------------------------------------------------------ GPT-2-style options
+def gpt2_style(**kw):
+    """Learned absolute positions and no rotation, LayerNorm with bias, untied N(0, 1) embeddings."""
+    fields = dict(position_embedding="learned", norm="layer", tie_embeddings=False, embed_std=1.0, **kw)
+    cfg = ModelConfig.from_preset("micro", "gated", vocab_size=97, max_seq_len=16,
+                                  attention_fields={"rope": RopeConfig(fraction=0.0, original_max_len=16)})
+    return GatedLM(cfg.replace(**fields))
+
+
+def test_learned_positions_change_the_output_with_position_and_save_load(tmp_path):
+    torch.manual_seed(0)
+    model = gpt2_style()
+    assert isinstance(model.blocks[0].attn_norm, torch.nn.LayerNorm) and model.blocks[0].attn_norm.bias is not None
+    assert model.pos_embed.weight.shape == (16, 64)
+    ids = torch.full((1, 4), 5)
+    with torch.no_grad():
+        logits = model(ids)
+        model.pos_embed.weight.zero_()  # with no rotation, positions come from the table alone
+        flat = model(ids)
+    assert not torch.allclose(logits[0, 1], logits[0, 2]) and torch.allclose(flat[0, 1], flat[0, 2], atol=1e-5)
+    model = gpt2_style()
+    model.save_pretrained(tmp_path)
+    again = GatedLM.from_pretrained(tmp_path)
+    assert again.cfg == model.cfg and torch.equal(again(ids), model(ids))
+
+
+def test_learned_positions_decode_with_the_cache_and_refuse_beyond_the_table():
+    model = gpt2_style()
+    ids = torch.randint(0, 97, (2, 5))
+    assert torch.equal(model.generate(ids, 8, temperature=0), model.generate(ids, 8, temperature=0, use_cache=False))
+    with pytest.raises(GatedAttnError, match=r"position 16 is beyond the learned position table.*max_seq_len=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_embedding_init_scale():
+    torch.manual_seed(0)
+    model = gpt2_style()
+    assert model.embed.weight.std().item() == pytest.approx(1.0, rel=0.1)
+    assert model.pos_embed.weight.std().item() == pytest.approx(1.0, rel=0.15)
+    assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.15)  # untied: the matrices' scale
+    default = micro()
+    assert default.embed.weight.std().item() == pytest.approx(0.02, rel=0.1) and default.pos_embed is None
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("norm", "batch", r"ModelConfig.norm='batch' is not allowed.*'rms', 'layer'"),
+    ("position_embedding", "sinusoidal", r"position_embedding='sinusoidal' is not allowed.*'learned'"),
+    ("embed_std", 0.0, r"ModelConfig.embed_std=0.0 must be > 0"),
+])
+def test_bad_model_options(field, value, match):
+    cfg = ModelConfig.from_preset("micro", "baseline", vocab_size=97)
+    with pytest.raises(ConfigError, match=match):
+        cfg.replace(**{field: value})
+
+
+def test_recipe_width_keeps_heads_and_mlp_ratio():
+    from gatedattn.train.config import ModelRecipe
+
+    cfg = ModelRecipe(size="toy", d_model=256).build(vocab_size=30, max_seq_len=64)
+    assert (cfg.d_model, cfg.attention.n_heads, cfg.attention.head_dim, cfg.ffn_dim) == (256, 1, 256, 512)
+    assert ModelRecipe(size="toy").to_dict() == ModelRecipe.from_dict(ModelRecipe(size="toy").to_dict()).to_dict()
+    assert "d_model" not in ModelRecipe(size="toy").to_dict()  # written as before the field existed
+    with pytest.raises(ConfigError, match=r"ModelRecipe.d_model=-1 must be a positive integer"):
+        ModelRecipe(size="toy", d_model=-1)

@@ -7,6 +7,7 @@ import pytest
 from gatedattn.cli import main
 from gatedattn.errors import ConfigError
 from gatedattn.reproduce import ReproduceConfig
+from gatedattn.train.config import ModelRecipe
 
 
 @pytest.mark.slow
@@ -34,6 +35,14 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     assert report.count("| Gated Attention |") >= 8 and "| HyGA |" in report
     assert "same batches in the same order" in report and "| precision | fp32 (asked `fp32`" in report
     assert all(c["verdict"] in ("held", "did not hold", "not measurable") for c in results["claims"])
+    # part 1, the mechanism study, opens the report; part 2 says its scale
+    mech = results["mechanism"]
+    assert set(mech["depths"]["1"]["summary"]) == {"baseline", "gated"} and mech["minutes"] > 0
+    assert (out / "mechanism" / "runs" / "baseline-L1-s0" / "mechanism.json").is_file()
+    assert report.index("## Part 1: the attention sink") < report.index("## Part 2: natural text") < \
+        report.index("## Setup")
+    assert "(bos_attention_L1.png)" in report and (out / "bos_attention_L1.png").stat().st_size > 1000
+    assert "each run here trained 0.04 M tokens" in report
     from gatedattn.reproduce.report import write_report  # a section hook adds its lines before "Reproduce"
 
     text = write_report(results, tmp_path / "sections", sections=[lambda r, o: ["## Extra study", "", "extra", ""]]).read_text()
@@ -43,6 +52,10 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["gated"]["val_loss"] == before
+    assert again["mechanism"]["depths"] == mech["depths"]  # part 1's runs reused too
+    assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q", "--no-mechanism"]) == 0
+    text_only = json.loads((out / "results.json").read_text())
+    assert "mechanism" not in text_only and "## Part 1" not in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("fields,match", [
@@ -54,6 +67,9 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     (dict(multiples=(0, 2)), r"multiples"),
     (dict(dtype="fp8"), r"dtype"),
     (dict(steps=None, budget_minutes=None), r"exactly one of steps and budget_minutes"),
+    (dict(model=ModelRecipe(size="tiny", lm={"position_embedding": "learned"})),
+     r"multiples=\(1, 2, 4, 8\): a model with position_embedding='learned' cannot be read beyond"),
+    (dict(min_steps=0), r"min_steps=0 must be > 0"),
     (dict(steps=100, budget_minutes=5.0), r"exactly one of steps and budget_minutes"),
 ])
 def test_bad_reproduce_config(fields, match):
@@ -78,6 +94,33 @@ def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
     assert steps == 160  # 60 s * 0.8 / (0.1 + 0.2) s, rounded down to tens
     fixed = ReproduceConfig.quick()
     assert runner.plan_steps(fixed, TokenData(tmp_path / "data"), 1) == (40, {})
+
+
+def test_budget_steps_down_to_a_smaller_model_then_fewer_seeds(monkeypatch):
+    from gatedattn.reproduce import runner
+
+    seconds = {"small": 1.0, "tiny": 0.2}  # per step of each variant at each preset
+
+    def fake_plan(cfg, data, n_runs):
+        step_s = {v: seconds[cfg.train.preset] for v in cfg.variants}
+        return runner._fit(cfg, step_s, n_runs), step_s
+
+    monkeypatch.setattr(runner, "plan_steps", fake_plan)
+    base = ReproduceConfig(budget_minutes=20.0, preset="small", seeds=3)
+    # small x 3 seeds x 2 variants at 1 s: 160 steps < 500, so `tiny` at 0.2 s: 800 steps
+    cfg, steps, _, cuts = runner.fit_plan(base, None)
+    assert (cfg.train.preset, cfg.seeds, steps) == ("tiny", 3, 800)
+    assert "160 steps" in cuts[0] and "`tiny`" in cuts[1]
+    # a slower machine: tiny fits 266 at 3 seeds, so the seeds step down (2: 400, 1: 800)
+    seconds.update(small=3.0, tiny=0.6)
+    cfg, steps, _, cuts = runner.fit_plan(base, None)
+    assert (cfg.train.preset, cfg.seeds, steps) == ("tiny", 1, 800) and "seeds step down to 1" in cuts[-1]
+    # a fast machine keeps the model and the seeds
+    seconds.update(small=0.1)
+    cfg, steps, _, cuts = runner.fit_plan(base, None)
+    assert (cfg.train.preset, cfg.seeds, steps, cuts) == ("small", 3, 1600, [])
+    # warm-up is at most a tenth of the run
+    assert cfg.train_config("gated", 0, steps=300).warmup_steps == 30
 
 
 def test_cli_bad_variant_is_one_line(capsys):

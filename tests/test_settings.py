@@ -19,6 +19,8 @@ TRAIN_VALUES = {
     "model.size": ("tiny", "tiny"), "model.variant": ("hyga", "hyga"),
     "model.n_layers": ("3", 3), "model.ffn_dim": ("100", 100), "model.max_seq_len": ("512", 512),
     "model.tie_embeddings": ("false", False), "model.norm_eps": ("1e-5", 1e-5), "model.init_std": ("0.03", 0.03),
+    "model.d_model": ("96", 96), "model.embed_std": ("0.5", 0.5), "model.norm": ("layer", "layer"),
+    "model.position_embedding": ("learned", "learned"),
     "model.attention.kv": ("mla", "mla"), "model.attention.qk_norm": ("false", False),
     "model.attention.qkv_bias": ("true", True), "model.attention.o_bias": ("true", True),
     "model.attention.norm_eps": ("1e-5", 1e-5), "model.attention.head_transform": ("rmsnorm", "rmsnorm"),
@@ -46,16 +48,28 @@ REPRODUCE_VALUES = {
     "variants": ("gated,hyga", ("gated", "hyga")), "seeds": ("2", 2), "budget_minutes": ("5", 5.0),
     "steps": ("none", None), "out_dir": ("r2", "r2"), "evals": ("3", 3), "analysis_sequences": ("16", 16),
     "multiples": ("1,3", (1, 3)), "study": ("lr", "lr"), "lrs": ("1e-3,1e-2", (1e-3, 1e-2)),
-    "ranks": ("4,8", (4, 8)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")),
+    "ranks": ("4,8", (4, 8)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")), "min_steps": ("50", 50),
+    "mechanism.variants": ("baseline,sink", ("baseline", "sink")), "mechanism.depths": ("1,3", (1, 3)),
+    "mechanism.deep_variants": ("baseline", ("baseline",)), "mechanism.seeds": ("2", 2), "mechanism.steps": ("77", 77),
+    "mechanism.seq_len": ("32", 32), "mechanism.micro_batch": ("8", 8), "mechanism.d_model": ("128", 128),
+    "mechanism.positions": ("rope", "rope"), "mechanism.norm": ("rms", "rms"), "mechanism.qkv_bias": ("false", False),
+    "mechanism.tie_embeddings": ("true", True), "mechanism.embed_std": ("0.02", 0.02), "mechanism.lr": ("1e-3", 1e-3),
+    "mechanism.schedule": ("cosine", "cosine"), "mechanism.warmup_steps": ("5", 5), "mechanism.beta2": ("0.95", 0.95),
+    "mechanism.weight_decay": ("0.1", 0.1), "mechanism.grad_clip": ("1", 1.0),
+    "mechanism.train_tokens": ("65536", 65536), "mechanism.n_chars": ("20", 20), "mechanism.n_triggers": ("2", 2),
+    "mechanism.evals": ("4", 4), "mechanism.analysis_sequences": ("64", 64), "mechanism.workers": ("1", 1),
 }
 # a key that is only valid together with another setting
 NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"]}
 REPRODUCE_NEEDS = {"budget_minutes": ["steps=none"], "steps": ["budget_minutes=5"]}
+REPRODUCE_TRAIN_NEEDS = {"model.position_embedding": ["multiples=1"]}  # learned positions cannot extrapolate
 
 
 def _model_target(model_cfg, path: tuple[str, ...]):
     """Where a ``model.*`` setting lands in the built ModelConfig."""
     group, name = path[1], path[-1]
+    if group == "d_model":
+        return model_cfg.d_model, None
     if group == "size":
         return model_cfg.n_layers, {"tiny": 4}["tiny"]
     if group == "variant":
@@ -100,14 +114,16 @@ def test_every_reproduce_key_reaches_the_reproduction_or_every_run():
         if s.path[0] != "train":
             text, expected = REPRODUCE_VALUES[s.key]
             cfg = apply_sets(base, [*REPRODUCE_NEEDS.get(s.key, []), f"{s.key}={text}"])
-            assert getattr(cfg, s.key) == expected, s.key
+            owner = cfg.mechanism if s.path[0] == "mechanism" else cfg  # part 1's config, or the reproduction's
+            assert getattr(owner, s.path[-1]) == expected, s.key
             continue
         rel = s.key[len("train."):]
         text, expected = TRAIN_VALUES[rel]
-        cfg = apply_sets(base, [*(f"train.{n}" for n in NEEDS.get(rel, [])), f"{s.key}={text}"])
+        cfg = apply_sets(base, [*REPRODUCE_TRAIN_NEEDS.get(rel, []), *(f"train.{n}" for n in NEEDS.get(rel, [])),
+                                f"{s.key}={text}"])
         variants = [v for v in ("baseline", "gated") if not (rel.startswith("model.gate.")) or v == "gated"]
         for v in variants:  # each run's TrainConfig carries it (gate settings: the gated runs)
-            _check_train_key(cfg.train_config(v, 0, steps=20, out_dir="o"), s.key, s.path[1:], expected)
+            _check_train_key(cfg.train_config(v, 0, steps=40, out_dir="o"), s.key, s.path[1:], expected)
 
 
 def test_gate_settings_reach_gated_runs_only_in_reproduce():

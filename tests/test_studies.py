@@ -177,7 +177,7 @@ def test_cli_calibrate_refuses_flags_of_other_studies(capsys):
     assert main(["reproduce", "--study", "calibrate", "--variants", "gated", "--quick"]) == 2
     assert "--variants do not apply to --study calibrate" in capsys.readouterr().err
     assert main(["reproduce", "--levers", "tiny", "--quick"]) == 2
-    assert "--levers applies to --study calibrate only" in capsys.readouterr().err
+    assert "--levers do not apply to --study main; it takes --variants" in capsys.readouterr().err
     assert main(["reproduce", "--study", "calibrate", "--levers", "nope", "--quick"]) == 2
     assert "unknown lever 'nope'" in capsys.readouterr().err
 

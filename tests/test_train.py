@@ -126,7 +126,7 @@ def test_set_keys_parse_by_type_and_reach_the_model():
     for bad, match in [("lrr=1", r"unknown --set key 'lrr' \(did you mean 'lr'\?\); valid keys: data_dir"),
                        ("lr=abc", "expected a number"), ("steps=1.5", "expected an integer"),
                        ("compile=maybe", "expected true or false"), ("lr", "expected KEY=VALUE"),
-                       ("model.d_model=64", "unknown --set key 'model.d_model'")]:
+                       ("model.n_heads=4", "unknown --set key 'model.n_heads'")]:
         with pytest.raises(ConfigError, match=match):
             parse_sets([bad])
 

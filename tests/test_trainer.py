@@ -107,7 +107,7 @@ def test_reproduction_trains_the_same_configs_as_before():
     """Each run of the default and the quick reproduction gets the TrainConfig the flat
     ReproduceConfig gave it (recorded before the config tree; data_dir aside, which was a
     placeholder then), once the two changes the sink calibration made to the recipe (q/k norm
-    off, LR 1e-2) are undone: nothing else moved."""
+    off, LR 1e-2) and the warm-up cap are undone: nothing else moved."""
     import dataclasses
 
     from gatedattn.reproduce import ReproduceConfig
@@ -129,4 +129,8 @@ def test_reproduction_trains_the_same_configs_as_before():
         new = cfg.train_config(variant, 0 if run == "lr" else 1, steps=steps, out_dir="OUT", lr=lr).to_dict()
         old = TrainConfig.from_dict(old).to_dict()
         new.pop("data_dir"), old.pop("data_dir")
+        # the warm-up cap moved from a fifth to a tenth of the run (at most 10 % of it)
+        assert new["warmup_steps"] == min(cfg.train.warmup_steps, max(steps // 10, 1)), key
+        assert old["warmup_steps"] == min(cfg.train.warmup_steps, max(steps // 5, 1)), key
+        new["warmup_steps"] = old["warmup_steps"]
         assert new == old, key

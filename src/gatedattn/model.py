@@ -20,7 +20,7 @@ from torch import nn
 from gatedattn.attention import Attention
 from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
-from gatedattn.errors import ConfigError, GatedAttnError, check_types
+from gatedattn.errors import ConfigError, GatedAttnError, check_choice, check_types
 from gatedattn.gates import Gate
 from gatedattn.io import atomic_save_safetensors, atomic_write_json, read_json_object
 from gatedattn.integrity import record as record_checksum, verify_file
@@ -33,6 +33,9 @@ WEIGHTS_FILE = "model.safetensors"
 MODEL_TYPE = "gatedattn"
 # config.json keys that describe the file, not the model
 _NOT_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")
+
+NORMS = ("rms", "layer")
+POSITION_EMBEDDINGS = ("none", "learned")
 
 # name -> (n_layers, d_model, n_heads, n_kv_heads, ffn_dim)
 SIZE_PRESETS: dict[str, tuple[int, int, int, int, int]] = {
@@ -63,6 +66,12 @@ class ModelConfig:
     tie_embeddings: bool = option(True, help="the LM head shares the token embedding matrix")
     norm_eps: float = option(1e-6, help="epsilon of the blocks' RMSNorms")
     init_std: float = option(0.02, help="standard deviation of the initial weights")
+    embed_std: float | None = option(None, help="standard deviation of the initial token (and position) "
+                                                "embeddings (default: init_std; 1.0 is GPT-2/BBM-style)")
+    norm: str = option("rms", help="the blocks' and final norm: rms (RMSNorm) or layer (LayerNorm with bias)")
+    position_embedding: str = option("none", help="absolute positions added to the token embedding: none or "
+                                                   "learned (GPT-2/OPT style, max_seq_len rows; set "
+                                                   "rope.fraction=0 for no rotary positions)")
     bos_token_id: int | None = option(None, set=False, help="beginning-of-sequence token (from the data)")
     eos_token_id: int | None = option(None, set=False, help="end-of-sequence token (from the data)")
 
@@ -73,6 +82,10 @@ class ModelConfig:
                 raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} must be > 0")
         if not isinstance(self.attention, AttentionConfig):
             raise ConfigError(f"ModelConfig.attention must be an AttentionConfig, got {type(self.attention).__name__}")
+        check_choice("ModelConfig", "norm", self.norm, NORMS)
+        check_choice("ModelConfig", "position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
+        if self.embed_std is not None and self.embed_std <= 0:
+            raise ConfigError(f"ModelConfig.embed_std={self.embed_std!r} must be > 0 (or None for init_std)")
         for name in ("bos_token_id", "eos_token_id"):
             tid = getattr(self, name)
             if tid is not None and not 0 <= tid < self.vocab_size:
@@ -102,12 +115,15 @@ class ModelConfig:
         n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[size]
         attn_fields = {"qk_norm": qk_norm, "rope": RopeConfig(theta=rope_theta, original_max_len=max_seq_len)}
         attn_fields.update(attention_fields or {})
+        # the shape may be changed too (a narrower or wider model of the preset's depth)
+        width = attn_fields.pop("d_model", None) or d_model
+        ffn, d_model = ffn * width // d_model, width  # the MLP keeps the preset's ratio
         if attn_fields.get("kv") == "mla":
             attn_fields.pop("qk_norm", None)
             n_kv = n_heads
         attention = get_variant(variant)(d_model, n_heads, n_kv, **attn_fields)
-        return cls(vocab_size=vocab_size, n_layers=n_layers, attention=attention, ffn_dim=ffn,
-                   variant=variant, max_seq_len=max_seq_len, **fields)
+        return cls(**{"vocab_size": vocab_size, "n_layers": n_layers, "attention": attention, "ffn_dim": ffn,
+                      "variant": variant, "max_seq_len": max_seq_len, **fields})
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -140,14 +156,21 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The norm ``cfg.norm`` names: RMSNorm, or LayerNorm with a bias (GPT-2/OPT)."""
+    if cfg.norm == "layer":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+    return RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block; its output is the residual stream after the layer."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg.attention)
-        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp_norm = make_norm(cfg)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
 
     def forward(self, x, positions=None, cache: KVCache | None = None):
@@ -162,8 +185,9 @@ class GatedLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position_embedding == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -171,9 +195,12 @@ class GatedLM(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) for matrices and embeddings, residual-output projections
-        scaled by 1/sqrt(2 n_layers); norms at one; biases, sinks and static gates at zero."""
+        """Normal(0, init_std) for matrices, Normal(0, embed_std or init_std) for the
+        embeddings (a tied LM head shares the token embedding's), residual-output
+        projections scaled by 1/sqrt(2 n_layers); norms at one; biases, sinks and static
+        gates at zero."""
         residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        embed_std = self.cfg.embed_std if self.cfg.embed_std is not None else self.cfg.init_std
         owned: set[int] = set()  # modules inside a gate: the gate initialises them
         for name, module in self.named_modules():
             if id(module) in owned:
@@ -181,13 +208,21 @@ class GatedLM(nn.Module):
             if isinstance(module, Gate):
                 module.reset_parameters(self.cfg.init_std)
                 owned.update(id(m) for m in module.modules())
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
+            elif isinstance(module, nn.Embedding) or (isinstance(module, nn.Linear) and name == "lm_head"
+                                                       and self.cfg.tie_embeddings):
+                # a tied head is the token embedding, drawn again (as it always was, so that seeds
+                # give the same weights as before embed_std existed)
+                nn.init.normal_(module.weight, 0.0, embed_std)
+            elif isinstance(module, nn.Linear):
                 std = residual_std if name.endswith(("o_proj", "down_proj")) else self.cfg.init_std
                 nn.init.normal_(module.weight, 0.0, std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+                if module.weight is not None:
+                    nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.RMSNorm):
-                nn.init.ones_(module.weight)
             elif isinstance(module, Attention) and module.sink is not None:
                 nn.init.zeros_(module.sink)
 
@@ -210,6 +245,18 @@ class GatedLM(nn.Module):
                 raise GatedAttnError(f"the KV cache holds a batch of {batch}, the input a batch of {ids.shape[0]}; "
                                      f"start a new cache (model.new_cache())")
 
+    def _absolute_positions(self, ids: torch.Tensor, positions: torch.Tensor | None,
+                            caches: list[KVCache] | None) -> torch.Tensor:
+        """Positions (T,) or (B, T) for the learned position table; beyond it is an error."""
+        if positions is None:
+            offset = caches[0].length if caches is not None else 0
+            positions = torch.arange(offset, offset + ids.shape[1], device=ids.device)
+        if not torch.compiler.is_compiling() and positions.numel() and int(positions.max()) >= self.cfg.max_seq_len:
+            raise GatedAttnError(
+                f"position {int(positions.max())} is beyond the learned position table (ModelConfig.max_seq_len="
+                f"{self.cfg.max_seq_len}); a model with position_embedding='learned' cannot extrapolate")
+        return positions
+
     def new_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.blocks]
 
@@ -217,6 +264,8 @@ class GatedLM(nn.Module):
                 caches: list[KVCache] | None = None) -> torch.Tensor:
         self._check_input(ids, caches)
         x = self.embed(ids)  # (B, T, C)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(self._absolute_positions(ids, positions, caches))
         for i, block in enumerate(self.blocks):
             x = block(x, positions=positions, cache=caches[i] if caches is not None else None)
         return self.lm_head(self.norm(x))

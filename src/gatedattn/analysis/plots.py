@@ -416,3 +416,62 @@ def plot_loss_vs_cost(
     ax.grid(alpha=0.3)
     _legend(ax)
     return _save(fig, path)
+
+
+def plot_panels_over_tokens(
+    panels: Sequence[tuple[str, str, Mapping[str, tuple[Sequence[float], Sequence[float]]], Mapping[float, str]]],
+    path: PathLike,
+    title: str,
+    figsize_per_panel: tuple[float, float] = (4.6, 4.2),
+) -> Path:
+    """Side-by-side panels sharing the x axis (tokens seen), one line per series name,
+    colours consistent across panels. panels: (title, ylabel, {name: (tokens, values)},
+    {y: label} of dotted reference lines)."""
+    if not panels or not any(series for _, _, series, _ in panels):
+        raise ValueError("plot_panels_over_tokens: no data")
+    assign_colors(dict.fromkeys(n for _, _, series, _ in panels for n in series))
+    fig = _figure((figsize_per_panel[0] * len(panels), figsize_per_panel[1]))
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, (panel_title, ylabel, series, hlines) in zip(axes, panels):
+        for name, (x, y) in series.items():
+            ax.plot(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), color=variant_color(name),
+                    label=name, marker=_marker(len(x)), ms=3, lw=1.2)
+        for level, label in hlines.items():
+            ax.axhline(level, color="0.5", lw=0.8, ls=":")
+            ax.annotate(label, (0.01, level), xycoords=("axes fraction", "data"), fontsize=7, color="0.4",
+                        va="bottom")
+        ax.xaxis.set_major_formatter(EngFormatter())
+        ax.set(xlabel="tokens seen", ylabel=ylabel, title=panel_title)
+        ax.grid(alpha=0.3)
+    _legend(axes[-1])
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_ratio_bars(
+    ratios: Mapping[str, Mapping[str, float]],
+    path: PathLike,
+    title: str,
+    ylabel: str,
+    threshold: float | None = None,
+    figsize: tuple[float, float] = (9.0, 4.2),
+) -> Path:
+    """Grouped bars: for each setting (x), one bar per series. ratios: series -> {setting:
+    value}. ``threshold`` is drawn as a dashed line."""
+    _require(ratios, "plot_ratio_bars")
+    settings_ = list(dict.fromkeys(k for r in ratios.values() for k in r))
+    assign_colors(ratios)
+    fig = _figure(figsize)
+    ax = fig.add_subplot()
+    width = 0.8 / len(ratios)
+    x = np.arange(len(settings_))
+    for i, (name, values) in enumerate(ratios.items()):
+        ys = [values.get(s, np.nan) for s in settings_]
+        ax.bar(x + (i - (len(ratios) - 1) / 2) * width, ys, width, color=variant_color(name), label=name)
+    if threshold is not None:
+        ax.axhline(threshold, color="0.3", lw=1.0, ls="--", label=f"{threshold:g}")
+    ax.set_xticks(x, settings_, rotation=35, ha="right")
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3, axis="y")
+    _legend(ax)
+    return _save(fig, path)

@@ -57,6 +57,10 @@ def _gate_differences(gate: GateConfig, allowed_granularities: tuple[str, ...]) 
 
 def _common_differences(cfg: ModelConfig) -> str | None:
     a = cfg.attention
+    if cfg.position_embedding != "none":
+        return f"ModelConfig.position_embedding={cfg.position_embedding!r}: the targets have rotary positions only"
+    if cfg.norm != "rms":
+        return f"ModelConfig.norm={cfg.norm!r}: the targets use RMSNorm"
     if a.sink:
         return "it has a learnable attention sink (AttentionConfig.sink=True)"
     if a.head_transform != "none":

@@ -37,7 +37,7 @@ HELD, NOT_HELD, NOT_MEASURABLE = "held", "did not hold", "not measurable"
 # Sink and massive-activation claims need the gated value at most this share of the
 # baseline's (the paper reports 10x; a small run must at least show a clear reduction).
 REDUCTION = 0.75
-SINK_OVER_UNIFORM = 2.0  # a sink: baseline F-Attn >= 2x the uniform value (and Sink^eps > 0)
+SINK_OVER_UNIFORM = 2.0  # a sink: baseline F-Attn >= 2x the uniform value
 MASSIVE_RATIO = 100.0  # massive activations: baseline M-Act / median >= 100 (Sun et al.: 1e3-1e4 in LLMs)
 NOISE_K = 2.0  # timing: the mean overhead must be this many standard errors from 0
 MIN_TIMING_ROUNDS = 3
@@ -83,18 +83,26 @@ def _n_after_bos(results: dict) -> int | None:
 
 
 def sink_shown(results: dict, variant: str = "baseline", metric: str = "f_attn") -> str | None:
-    """None when ``variant`` shows a sink (its ``metric``, F-Attn averaged over layers or
-    ``f_attn_strongest`` of the baseline's strongest layer, >= SINK_OVER_UNIFORM x uniform,
-    and Sink^ε > 0); otherwise why a claim about removing it is not measurable."""
-    f_attn, sink_eps = _metric(results, variant, metric), _metric(results, variant, "sink_eps")
+    """None when ``variant`` shows a sink by the measure the claim is about; otherwise why a
+    claim about removing it is not measurable. For an F-Attn claim (``f_attn`` averaged
+    over layers, or ``f_attn_strongest`` at the baseline's strongest layer) the rule is
+    that F-Attn >= SINK_OVER_UNIFORM x uniform; for the Sink^ε claim (``sink_eps``), that
+    at least one head's mean attention on BOS passes ε (Sink^ε > 0). A sink at several
+    times uniform spread over heads is a sink for the F-Attn claims even where no single
+    head passes ε (docs/design.md, "Where claims are judged")."""
     n = _n_after_bos(results)
-    if f_attn is None or sink_eps is None or n is None:
-        return f"`{variant}` F-Attn, Sink^ε or the sequence length was not measured"
+    value = _metric(results, variant, metric)
+    if value is None or n is None:
+        return f"`{variant}` {metric} or the sequence length was not measured"
+    if metric == "sink_eps":
+        if value["mean"] > 0:
+            return None
+        return f"no head of the {variant} passes ε (Sink^ε {_fmt(value)}, needs > 0)"
     uniform = uniform_first_token_attention(n)
-    if f_attn["mean"] >= SINK_OVER_UNIFORM * uniform and sink_eps["mean"] > 0:
+    if value["mean"] >= SINK_OVER_UNIFORM * uniform:
         return None
-    return (f"the {variant} shows no sink by this rule at this budget (F-Attn {_fmt(f_attn)}, uniform {uniform:.3f}, "
-            f"needs ≥ {SINK_OVER_UNIFORM:g}× uniform; Sink^ε {_fmt(sink_eps)}, needs > 0)")
+    return (f"the {variant} shows no sink by this rule at this budget (F-Attn {_fmt(value)}, uniform {uniform:.3f}, "
+            f"needs ≥ {SINK_OVER_UNIFORM:g}× uniform)")
 
 
 def massive_shown(results: dict, variant: str = "baseline") -> str | None:
@@ -359,7 +367,7 @@ CLAIMS: list[Claim] = [
                                         label=f"F-Attn at layer {r.get('strongest_layer', '?')}"),
                       metric="f_attn_strongest")),
     Claim("ga-sink-eps", "Gated Attention", "Fewer sink heads (Sink^ε, ε = 0.3)",
-          "follows from F-Attn", _needs_sink(lambda r: compare(r, "gated", "baseline", "sink_eps", label="Sink^ε"))),
+          "follows from F-Attn", _needs_sink(lambda r: compare(r, "gated", "baseline", "sink_eps", label="Sink^ε"), metric="sink_eps")),
     Claim("ga-mact", "Gated Attention", "The gate removes massive activations (M-Act)",
           "M-Act 1053 → 94", _needs_massive(lambda r: compare(r, "gated", "baseline", "m_act", min_ratio=REDUCTION, label="M-Act"))),
     Claim("ga-sparse", "Gated Attention", "Gate scores are sparse (mostly near 0)",

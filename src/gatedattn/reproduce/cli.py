@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 from gatedattn.errors import ConfigError
 from gatedattn.precision import DTYPES
@@ -23,46 +25,41 @@ def _list_of(kind: type, flag: str):
 def _run_mechanism(args: argparse.Namespace) -> int:
     from gatedattn.reproduce.mechanism import MechanismConfig, run_study
 
-    unused = [flag for flag, value in (("--budget-minutes", args.budget_minutes), ("--data", args.data),
-                                       ("--preset", args.preset), ("--lrs", args.lrs), ("--dtype", args.dtype),
-                                       ("--multiples", args.multiples), ("--set", args.set), ("--levers", args.levers),
-                                       ("--ranks", args.ranks), ("--fold", args.fold))
-              if value is not None]
-    if unused:
-        raise ConfigError(f"{', '.join(unused)} do not apply to --study mechanism (it trains the `toy` model in fp32 "
-                          "on generated data); it takes --variants, --steps, --seeds, --seq-len, --batch-size, --lr, "
-                          "--workers, --out, --quick")
     given = {"variants": args.variants, "seeds": args.seeds, "steps": args.steps, "seq_len": args.seq_len,
              "micro_batch": args.batch_size, "lr": args.lr, "workers": args.workers, "out_dir": args.out,
              "progress": not args.quiet}
     given = {k: v for k, v in given.items() if v is not None}
     cfg = MechanismConfig.quick(**given) if args.quick else MechanismConfig(**given)
-    report = run_study(cfg, command=_command())
-    print(f"report: {report}")
+    flags = {"variants": "--variants", "seeds": "--seeds", "steps": "--steps", "seq_len": "--seq-len",
+             "micro_batch": "--batch-size", "lr": "--lr", "workers": "--workers", "out_dir": "--out"}
+    cfg = apply_sets(cfg, args.set or [], flags)
+    check_writable(cfg.out_dir, "--out", kind="dir")
+    print(f"report: {run_study(cfg, command=_command())}")
     return 0
 
 
 def _run_calibration(args: argparse.Namespace) -> int:
     from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
 
-    unused = [flag for flag, value in (("--variants", args.variants), ("--seeds", args.seeds),
-                                       ("--preset", args.preset), ("--seq-len", args.seq_len),
-                                       ("--batch-size", args.batch_size), ("--lr", args.lr), ("--lrs", args.lrs),
-                                       ("--dtype", args.dtype), ("--multiples", args.multiples),
-                                       ("--workers", args.workers), ("--ranks", args.ranks), ("--fold", args.fold))
-              if value is not None]
-    if unused:
-        raise ConfigError(f"{', '.join(unused)} do not apply to --study calibrate (each lever is the baseline with "
-                          "one recipe change); it takes --levers, --budget-minutes (per lever), --steps, --data, "
-                          "--set (on every lever's base recipe), --out, --quick")
     given = {"levers": args.levers, "minutes_per_run": args.budget_minutes, "steps": args.steps,
              "data_dir": args.data, "out_dir": args.out, "base_sets": tuple(args.set or ()),
              "progress": not args.quiet}
     given = {k: v for k, v in given.items() if v is not None}
     cfg = CalibrationConfig.quick(**given) if args.quick else CalibrationConfig(**given)
     check_writable(cfg.out_dir, "--out", kind="dir")
-    report = run_calibration(cfg, command=_command())
-    print(f"report: {report}")
+    print(f"report: {run_calibration(cfg, command=_command())}")
+    return 0
+
+
+def _run_mechanism_calibration(args: argparse.Namespace) -> int:
+    from gatedattn.reproduce.mechanism_calibration import MechCalibrationConfig, run_mechanism_calibration
+
+    given = {"levers": args.levers, "steps": args.steps, "workers": args.workers, "out_dir": args.out,
+             "progress": not args.quiet}
+    given = {k: v for k, v in given.items() if v is not None}
+    cfg = MechCalibrationConfig.quick(**given) if args.quick else MechCalibrationConfig(**given)
+    check_writable(cfg.out_dir, "--out", kind="dir")
+    print(f"report: {run_mechanism_calibration(cfg, command=_command())}")
     return 0
 
 
@@ -78,15 +75,8 @@ def _default_out(args: argparse.Namespace) -> str | None:
     return f"runs/reproduce-{args.study}" + ("-quick" if args.quick else "")
 
 
-def _run(args: argparse.Namespace) -> int:
-    if args.study == "mechanism":
-        return _run_mechanism(args)
-    if args.study == "calibrate":
-        return _run_calibration(args)
-    if args.levers is not None:
-        raise ConfigError("--levers applies to --study calibrate only")
-    if args.workers is not None:
-        raise ConfigError("--workers applies to --study mechanism only")
+def _reproduce_config(args: argparse.Namespace) -> ReproduceConfig:
+    """The ``ReproduceConfig`` of the main, lr and rank studies, from the flags and ``--set``."""
     given = {
         "variants": args.variants, "seeds": args.seeds, "budget_minutes": args.budget_minutes,
         "steps": args.steps, "preset": args.preset, "seq_len": args.seq_len, "micro_batch": args.batch_size,
@@ -95,6 +85,8 @@ def _run(args: argparse.Namespace) -> int:
         "ranks": args.ranks, "fold": tuple(args.fold) if args.fold else None,
     }
     given = {k: v for k, v in given.items() if v is not None}
+    if args.no_mechanism:
+        given["mechanism"] = None
     if args.budget_minutes is not None and args.steps is None:
         given["steps"] = None  # the budget decides the steps
     if args.steps is not None and args.budget_minutes is None:
@@ -107,11 +99,60 @@ def _run(args: argparse.Namespace) -> int:
                  "multiples": "--multiples", "study": "--study", "ranks": "--ranks", "fold": "--fold"}
     flags = {"out_dir": "--out", "train.data_dir": "--data",
              **{k: f for k, f in flag_keys.items() if getattr(args, f[2:].replace("-", "_"), None) is not None}}
-    cfg = apply_sets(cfg, args.set or [], flags)
+    return apply_sets(cfg, args.set or [], flags)
+
+
+def _run_reproduction(args: argparse.Namespace) -> int:
+    cfg = _reproduce_config(args)
     check_writable(cfg.out_dir, "--out", kind="dir")
-    report = reproduce(cfg, command=_command())
-    print(f"report: {report}")
+    print(f"report: {reproduce(cfg, command=_command())}")
     return 0
+
+
+@dataclass(frozen=True)
+class Study:
+    """One ``--study``: what it does (its help), the flags it takes besides --out, --quick
+    and -q, and how it runs."""
+
+    name: str
+    help: str
+    flags: tuple[str, ...]
+    run: Callable[[argparse.Namespace], int]
+
+
+_REPRODUCTION_FLAGS = ("--variants", "--budget-minutes", "--steps", "--seeds", "--data", "--preset", "--seq-len",
+                       "--batch-size", "--lr", "--lrs", "--ranks", "--fold", "--dtype", "--multiples", "--set")
+STUDIES: dict[str, Study] = {s.name: s for s in (
+    Study("main", "the main job: the mechanism study, then natural text", (*_REPRODUCTION_FLAGS, "--no-mechanism"),
+          _run_reproduction),
+    Study("lr", "the learning-rate stability study", _REPRODUCTION_FLAGS, _run_reproduction),
+    Study("rank", "the HyGA low-rank width sweep", _REPRODUCTION_FLAGS, _run_reproduction),
+    Study("mechanism", "the Bigram-Backcopy mechanism study (attention sinks in one-head models, minutes on a CPU)",
+          ("--variants", "--steps", "--seeds", "--seq-len", "--batch-size", "--lr", "--workers", "--set"),
+          _run_mechanism),
+    Study("calibrate", "the natural-text sink calibration (when the baseline's first-token sink forms, per lever)",
+          ("--levers", "--budget-minutes", "--steps", "--data", "--set"), _run_calibration),
+    Study("calibrate-mechanism", "the mechanism recipe's calibration (which recipe grows the full Bigram-Backcopy "
+                                 "sink; the gate on every one)", ("--levers", "--steps", "--workers"),
+          _run_mechanism_calibration),
+)}
+_ALWAYS = ("--study", "--out", "--quick", "--quiet")
+
+
+def _check_flags(study: Study, args: argparse.Namespace, parser_flags: tuple[str, ...]) -> None:
+    """Refuse, in one line, every flag given that the study does not take."""
+    given = [f for f in parser_flags if f not in _ALWAYS and getattr(args, f[2:].replace("-", "_"), None) not in
+             (None, False)]
+    unused = [f for f in given if f not in study.flags]
+    if unused:
+        takes = ", ".join(study.flags + _ALWAYS)
+        raise ConfigError(f"{', '.join(unused)} do not apply to --study {study.name}; it takes {takes}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    study = STUDIES[args.study or "main"]
+    _check_flags(study, args, args.parser_flags)
+    return study.run(args)
 
 
 def register(sub) -> None:
@@ -139,15 +180,18 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES,
                    help="auto (default): bf16 autocast where the device computes bf16 natively, else fp32")
     p.add_argument("--multiples", type=_list_of(int, "--multiples"), help="extrapolation lengths as multiples of the context (default 1,2,4,8)")
-    p.add_argument("--study", choices=("main", "lr", "rank", "mechanism", "calibrate"),
-                   help="main (default), the learning-rate stability study, the HyGA low-rank width sweep, the "
-                        "Bigram-Backcopy mechanism study "
-                        "(attention sinks in one-head models, minutes on a CPU), or the sink calibration (when the "
-                        "baseline's first-token sink forms on natural text, per recipe lever)")
+    p.add_argument("--study", choices=tuple(STUDIES),
+                   help="; ".join(f"{s.name}: {s.help}" for s in STUDIES.values()) + " (default main)")
     p.add_argument("--levers", type=_list_of(str, "--levers"),
-                   help="--study calibrate: levers to measure (default all; an unknown name lists them)")
-    p.add_argument("--workers", type=int, help="--study mechanism: runs trained at a time (default 2)")
+                   help="--study calibrate and calibrate-mechanism: levers to measure (default all; an unknown name "
+                        "lists them)")
+    p.add_argument("--workers", type=int, help="--study mechanism and calibrate-mechanism: runs trained at a time "
+                                                "(default 2)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the reproduction or its training (repeatable; keys below)")
+    p.add_argument("--no-mechanism", action="store_true",
+                   help="the main job without its first part (the Bigram-Backcopy mechanism study): natural text only")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, parser_flags=tuple(a.option_strings[-1] for a in p._actions
+                                                  if a.option_strings and a.option_strings[-1].startswith("--")
+                                                  and a.dest != "help"))

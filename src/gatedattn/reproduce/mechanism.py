@@ -35,14 +35,17 @@ import torch
 from gatedattn import __version__
 from gatedattn.analysis.metrics import mean_std
 from gatedattn.data.backcopy import BigramBackcopy
-from gatedattn.errors import ConfigError
+from gatedattn.errors import ConfigError, Interrupted, check_choice
 from gatedattn.fmt import fmt_mean_std as _fmt
 from gatedattn.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce.claims import (
-    HELD, NOT_HELD, NOT_MEASURABLE, Verdict, compare, compare_metrics, sink_shown,
+    HELD, NOT_HELD, NOT_MEASURABLE, Verdict, compare, compare_metrics,
     uniform_first_token_attention,
 )
+from gatedattn.model import GatedLM
 from gatedattn.reproduce.mechanism_probe import measure
+from gatedattn.settings import option
+from gatedattn.train import ModelRecipe, TrainConfig, train
 
 STUDY_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga-lowrank")
 GATED = ("gated", "gated-headwise", "hyga-lowrank")
@@ -55,60 +58,94 @@ SUMMARY_KEYS = ("bos_attn_ordinary", "bos_attn_trigger", "prev_attn_trigger", "s
                 "loss_bigram", "bigram_floor", "uniform_bos_attn_ordinary")
 
 
+POSITIONS = {"rope": 1.0, "partial-rope": 0.5, "learned": 0.0}  # name -> share of each head's channels that rotate
+NORMS = ("layer", "rms")
+SCHEDULES = ("constant", "cosine")
+_POSITIVE = ("seeds", "steps", "seq_len", "micro_batch", "d_model", "evals", "analysis_sequences", "workers",
+             "n_chars", "n_triggers", "train_tokens")
+
+
 @dataclass(frozen=True)
 class MechanismConfig:
     """One mechanism study. Every variant in ``variants`` trains at ``depths[0]`` layers;
     the deeper ``depths`` train only the ``deep_variants``. ``seeds`` runs of each.
 
-    The defaults come from measured curves on a 2-core CPU (docs/reproduction-mechanism):
-    the baseline's BOS attention from ordinary positions stays near the uniform level for
-    the first ~1,500 steps and then grows as the learning rate anneals, so the steps go to
-    every 1-layer variant and to the baseline and gated at 3 layers, two runs at a time."""
+    The recipe fields (``d_model`` to ``train_tokens``) are the calibration's levers
+    (:mod:`gatedattn.reproduce.mechanism_calibration`, docs/mechanism-calibration). The
+    defaults are the recipe it found to grow the full first-token sink (BOS attention of
+    ordinary positions above 0.5) fastest on a 2-core CPU, close to the Bigram-Backcopy
+    reference setting: learned absolute positions and no rotary ones, LayerNorm with
+    bias, q/k/v biases, untied embeddings drawn from N(0, 1), AdamW with beta2 0.99 at a
+    constant learning rate, no clipping, and a fresh stream of text for every step."""
 
-    variants: tuple[str, ...] = STUDY_VARIANTS
-    depths: tuple[int, ...] = (1, 3)
-    deep_variants: tuple[str, ...] = ("baseline", "gated")
-    seeds: int = 3
-    steps: int = 3000
-    seq_len: int = 64
-    micro_batch: int = 16
-    lr: float = 3e-3
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    n_chars: int = 24
-    n_triggers: int = 3
-    evals: int = 10
-    analysis_sequences: int = 256
-    workers: int = 2
-    out_dir: str = "runs/reproduce-mechanism"
-    progress: bool = True
+    variants: tuple[str, ...] = option(("baseline", "gated", "sink"), help="variants at the first depth")
+    depths: tuple[int, ...] = option((1, 2), help="layer counts; the deeper ones train only deep_variants")
+    deep_variants: tuple[str, ...] = option(("baseline", "gated"), help="variants trained at the deeper depths")
+    seeds: int = option(3, help="seeds of every (variant, depth)")
+    steps: int = option(1200, help="optimizer steps of every run")
+    seq_len: int = option(64, help="tokens per sequence after BOS")
+    micro_batch: int = option(32, help="sequences per step")
+    d_model: int = option(64, help="width (one head of d_model channels; the MLP is twice as wide)")
+    positions: str = option("learned", help="position encoding: " + ", ".join(POSITIONS) +
+                            " (learned absolute positions, GPT-2 style, with no rotation)")
+    norm: str = option("layer", help="layer (LayerNorm with bias) or rms (RMSNorm)")
+    qkv_bias: bool = option(True, help="biases on the q/k/v projections")
+    tie_embeddings: bool = option(False, help="the LM head shares the token embedding")
+    embed_std: float = option(1.0, help="standard deviation of the initial embeddings")
+    lr: float = option(3e-3, help="peak learning rate")
+    schedule: str = option("constant", help="after warm-up: constant, or cosine down to a tenth")
+    warmup_steps: int = option(30, help="linear warm-up steps")
+    beta2: float = option(0.99, help="AdamW beta2 (beta1 0.9)")
+    weight_decay: float = option(1e-4, help="AdamW weight decay")
+    grad_clip: float = option(0.0, help="gradient-norm clipping (0: none)")
+    train_tokens: int = option(1 << 22, help="length of the generated training stream; at least the tokens a "
+                                             "run trains keeps every window fresh text, less re-reads it")
+    n_chars: int = option(24, help="characters of the language (the bigram table's size)")
+    n_triggers: int = option(3, help="trigger characters (the most frequent after the space)")
+    evals: int = option(10, help="measurements along training (the curves)")
+    analysis_sequences: int = option(256, help="sequences of the final measurement")
+    workers: int = option(2, help="runs trained at a time (one thread each)")
+    out_dir: str = option("runs/reproduce-mechanism", help="output directory")
+    progress: bool = option(True, help="progress messages")
 
     def __post_init__(self) -> None:
         own = "MechanismConfig"
+        for name in ("variants", "deep_variants", "depths"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         for name in ("variants", "deep_variants"):
             for v in getattr(self, name):
-                if v not in STUDY_VARIANTS:
-                    raise ConfigError(f"{own}.{name}: {v!r} is not allowed; choose from {', '.join(STUDY_VARIANTS)}")
+                check_choice(own, name, v, STUDY_VARIANTS)
         if not self.variants:
             raise ConfigError(f"{own}.variants is empty; choose from {', '.join(STUDY_VARIANTS)}")
         if "baseline" not in self.variants:
             raise ConfigError(f"{own}.variants must include 'baseline' (every claim compares against it)")
         if not self.depths or any(not isinstance(d, int) or d < 1 for d in self.depths):
             raise ConfigError(f"{own}.depths={self.depths} must be layer counts >= 1")
-        for name in ("seeds", "steps", "seq_len", "micro_batch", "evals", "analysis_sequences", "workers",
-                     "n_chars", "n_triggers"):
+        for name in _POSITIVE:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{own}.{name}={getattr(self, name)!r} must be > 0")
-        if self.lr <= 0 or self.weight_decay < 0 or self.warmup_steps < 0:
-            raise ConfigError(f"{own}: lr must be > 0, weight_decay and warmup_steps >= 0")
+        check_choice(own, "positions", self.positions, tuple(POSITIONS))
+        check_choice(own, "norm", self.norm, NORMS)
+        check_choice(own, "schedule", self.schedule, SCHEDULES)
+        if self.lr <= 0 or self.embed_std <= 0:
+            raise ConfigError(f"{own}: lr={self.lr} and embed_std={self.embed_std} must be > 0")
+        if self.weight_decay < 0 or self.warmup_steps < 0 or self.grad_clip < 0:
+            raise ConfigError(f"{own}: weight_decay, warmup_steps and grad_clip must be >= 0")
+        if not 0 < self.beta2 < 1:
+            raise ConfigError(f"{own}.beta2={self.beta2} must be in (0, 1)")
+        if self.train_tokens < self.seq_len + 1:
+            raise ConfigError(f"{own}.train_tokens={self.train_tokens} must exceed seq_len={self.seq_len}")
 
     @classmethod
     def quick(cls, **changes: Any) -> "MechanismConfig":
-        """Under a minute on a 2-core CPU: the whole pipeline, no claim expected to hold."""
+        """Under half a minute on a 2-core CPU: the whole pipeline, one seed, one depth."""
         base = dict(variants=("baseline", "gated"), depths=(1,), deep_variants=(), seeds=1, steps=150,
-                    micro_batch=8, warmup_steps=10, evals=3, analysis_sequences=32, workers=1,
-                    out_dir="runs/reproduce-mechanism-quick")
+                    micro_batch=16, warmup_steps=10, evals=3, analysis_sequences=32, workers=1,
+                    train_tokens=1 << 18, out_dir="runs/reproduce-mechanism-quick")
         return cls(**{**base, **changes})
+
+    def replace(self, **changes: Any) -> "MechanismConfig":
+        return dataclasses.replace(self, **changes)
 
     def plan(self) -> list[tuple[str, int, int]]:
         """Every run as (variant, depth, seed), the longest (deepest) first."""
@@ -120,28 +157,59 @@ class MechanismConfig:
     def task(self) -> BigramBackcopy:
         return BigramBackcopy.default(n_chars=self.n_chars, n_triggers=self.n_triggers)
 
+    def tokens_per_run(self) -> int:
+        return self.steps * self.micro_batch * self.seq_len
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MechanismConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"MechanismConfig has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def describe(self) -> str:
+        """The recipe in words (the report's setup row)."""
+        return (f"d_model {self.d_model}, one head, {self.positions} positions, "
+                f"{'LayerNorm' if self.norm == 'layer' else 'RMSNorm'}, q/k/v bias {'on' if self.qkv_bias else 'off'}, "
+                f"{'tied' if self.tie_embeddings else 'untied'} embeddings N(0, {self.embed_std:g}), no q/k norm; "
+                f"{self.steps} steps of {self.micro_batch} x {self.seq_len} tokens "
+                f"({self.tokens_per_run() / 1e6:.2f} M), AdamW (0.9, {self.beta2:g}), LR {self.lr:g} {self.schedule} "
+                f"after {min(self.warmup_steps, self.steps // 5)} warm-up steps, weight decay {self.weight_decay:g}, "
+                f"clipping {self.grad_clip:g}, a {self.train_tokens / 1e6:.2f} M-token training stream")
+
 
 # ------------------------------------------------------------------------------ the trainer seam
+def train_config(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: str, depth: int,
+                 seed: int) -> "TrainConfig":
+    """The trainer's config of one run of the study."""
+    recipe = ModelRecipe(
+        size="toy", variant=variant, d_model=cfg.d_model,
+        lm={"n_layers": depth, "norm": cfg.norm, "tie_embeddings": cfg.tie_embeddings, "embed_std": cfg.embed_std,
+            "position_embedding": "learned" if cfg.positions == "learned" else "none"},
+        attention={"qk_norm": False, "qkv_bias": cfg.qkv_bias}, rope={"fraction": POSITIONS[cfg.positions]})
+    return TrainConfig(
+        data_dir=str(data_dir), out_dir=str(run_dir), model=recipe,
+        seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, steps=cfg.steps, lr=cfg.lr,
+        warmup_steps=min(cfg.warmup_steps, cfg.steps // 5), schedule=cfg.schedule, betas=(0.9, cfg.beta2),
+        weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, dtype="fp32", seed=seed,
+        eval_every=max(cfg.steps // cfg.evals, 1), eval_batches=2, ckpt_every=0, log_every=50,
+        progress=False, tensorboard=False,
+    )
+
+
 def train_model(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: str, depth: int, seed: int,
                 eval_hook) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Train one model with the project's trainer; return it and what the trainer reports.
 
     The only place this study touches the trainer's API."""
-    from gatedattn.model import GatedLM
-    from gatedattn.train import ModelRecipe, TrainConfig, train
-
-    tcfg = TrainConfig(
-        data_dir=str(data_dir), out_dir=str(run_dir),
-        model=ModelRecipe(size="toy", variant=variant, lm={"n_layers": depth}, attention={"qk_norm": False}),
-        seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, steps=cfg.steps, lr=cfg.lr,
-        warmup_steps=min(cfg.warmup_steps, cfg.steps // 5), weight_decay=cfg.weight_decay, dtype="fp32", seed=seed,
-        eval_every=max(cfg.steps // cfg.evals, 1), eval_batches=2, ckpt_every=0, log_every=50,
-        progress=False, tensorboard=False,
-    )
-    result = train(tcfg, eval_hook=eval_hook, resume=True)
+    result = train(train_config(cfg, data_dir, run_dir, variant, depth, seed), eval_hook=eval_hook, resume=True)
+    if result.interrupted is not None:  # a signal stops the whole study, not just this run
+        raise Interrupted(f"{result.interrupted}: {run_dir.name} stopped after step {result.steps}; the same "
+                          "command continues it", 128 + result.interrupted_signal)
     if result.final_dir is None:
         raise RuntimeError(f"{run_dir}: training stopped early ({result.diverged_reason})")
     info = {"final_loss": result.final_loss, "val_loss": result.val_loss, "train_seconds": result.elapsed_s,
@@ -163,8 +231,13 @@ def run_one(cfg: MechanismConfig, data_dir: str, out: str, variant: str, depth: 
     torch.set_num_threads(1)
     run_dir = Path(out) / "runs" / f"{variant}-L{depth}-s{seed}"
     record_path = run_dir / "mechanism.json"
+    recipe = json_safe(recipe_of(cfg))
     if record_path.is_file():
-        return read_json_object(record_path)
+        record = read_json_object(record_path)
+        if record.get("recipe") != recipe:
+            raise ConfigError(f"{run_dir} holds a run of another recipe ({record.get('recipe')}); give another --out "
+                              f"(the study reuses finished runs of the same recipe only)")
+        return record
     task = cfg.task()
     curve_batch = task.sample(32, cfg.seq_len, seed=ANALYSIS_SEED + 1)
     t0 = time.perf_counter()
@@ -178,42 +251,76 @@ def run_one(cfg: MechanismConfig, data_dir: str, out: str, variant: str, depth: 
             curve["step"].append(rec["step"])
             for k in CURVE_KEYS:
                 curve.setdefault(k, []).append(rec.get(f"mech_{k}"))
-    record = {"variant": variant, "depth": depth, "seed": seed, **info, "wall_seconds": time.perf_counter() - t0,
+    record = {"variant": variant, "depth": depth, "seed": seed, "recipe": recipe, **info, "wall_seconds": time.perf_counter() - t0,
               "final": final, "curve": curve}
     atomic_write_json(record_path, json_safe(record))
     return record
 
 
 # ------------------------------------------------------------------------------ the study
+def ensure_task_data(cfg: MechanismConfig, out: Path) -> Path:
+    """The generated task as a data directory ``out/data`` (made once per language and
+    stream length; the trainer reads it like any prepared corpus)."""
+    task = cfg.task()
+    data_dir = out / "data"
+    manifest = data_dir / "manifest.json"
+    if manifest.is_file():
+        saved = read_json_object(manifest)
+        if task.fingerprint() in saved.get("source", "") and saved.get("train", {}).get("tokens") == cfg.train_tokens:
+            return data_dir
+    task.write_data_dir(data_dir, train_tokens=cfg.train_tokens, seed=0)
+    return data_dir
+
+
+def train_runs(cfg: MechanismConfig, out: Path) -> list[dict[str, Any]]:
+    """Train (or reuse) every run of ``cfg`` under ``out``; their records in plan order."""
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = ensure_task_data(cfg, out)
+    plan = cfg.plan()
+    if cfg.progress:
+        _say(f"{len(plan)} runs of {cfg.steps} steps ({cfg.workers} at a time) in {out}: {cfg.task().describe()}")
+    records: list[dict[str, Any]] = []
+
+    def done(i: int, record: dict[str, Any]) -> None:
+        records.append(record)
+        if cfg.progress:
+            v, d, s = plan[i]
+            _say(f"[{i + 1}/{len(plan)}] {v} L{d} seed {s}: BOS attention of ordinary positions "
+                 f"{record['final']['bos_attn_ordinary']:.3f}")
+
+    if cfg.workers == 1:
+        for i, (v, d, s) in enumerate(plan):
+            done(i, run_one(cfg, str(data_dir), str(out), v, d, s))
+    else:
+        with ProcessPoolExecutor(max_workers=cfg.workers) as pool:
+            futures = [pool.submit(run_one, cfg, str(data_dir), str(out), v, d, s) for v, d, s in plan]
+            for i, f in enumerate(futures):
+                done(i, f.result())
+    return records
+
+
 def run_study(cfg: MechanismConfig, command: str | None = None) -> Path:
     """Run every training of ``cfg``, judge the claims, write the report; returns report.md."""
     from gatedattn.reproduce.mechanism_report import write_mechanism_report
 
     started = time.time()
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    task = cfg.task()
-    data_dir = out / "data"
-    manifest = data_dir / "manifest.json"
-    if not manifest.is_file() or task.fingerprint() not in read_json_object(manifest).get("source", ""):
-        task.write_data_dir(data_dir, seed=0)
-    plan = cfg.plan()
-    _say(f"{len(plan)} runs of {cfg.steps} steps ({cfg.workers} at a time): {task.describe()}")
-    records: list[dict[str, Any]] = []
-    if cfg.workers == 1:
-        for i, (v, d, s) in enumerate(plan):
-            records.append(run_one(cfg, str(data_dir), str(out), v, d, s))
-            _say(f"[{i + 1}/{len(plan)}] {v} L{d} seed {s} done")
-    else:
-        with ProcessPoolExecutor(max_workers=cfg.workers) as pool:
-            futures = [pool.submit(run_one, cfg, str(data_dir), str(out), v, d, s) for v, d, s in plan]
-            for i, f in enumerate(futures):
-                records.append(f.result())
-                _say(f"[{i + 1}/{len(plan)}] {plan[i][0]} L{plan[i][1]} seed {plan[i][2]} done")
-    results = build_results(cfg, task, records)
+    records = train_runs(cfg, out)
+    results = build_results(cfg, cfg.task(), records)
     results["meta"] = _meta(cfg, command, started)
     atomic_write_json(out / "results.json", json_safe(results))
     return write_mechanism_report(results, out)
+
+
+RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "norm", "qkv_bias", "tie_embeddings",
+                 "embed_std", "lr", "schedule", "warmup_steps", "beta2", "weight_decay", "grad_clip",
+                 "train_tokens", "n_chars", "n_triggers", "evals", "analysis_sequences")
+
+
+def recipe_of(cfg: MechanismConfig) -> dict[str, Any]:
+    """The fields that decide what one run trains and measures (a finished run is reused
+    only under the same recipe)."""
+    return {k: getattr(cfg, k) for k in RECIPE_FIELDS}
 
 
 def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,11 +332,12 @@ def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict
         for r in sorted(records, key=lambda r: r["seed"]):
             if r["depth"] == depth:
                 by_variant.setdefault(r["variant"], []).append(r)
-        summary = {v: summarize([r["final"] for r in runs]) for v, runs in by_variant.items()}
+        layer = strongest_layer(by_variant.get("baseline", []))
+        summary = {v: summarize([at_layer(r["final"], layer) for r in runs]) for v, runs in by_variant.items()}
         for v, runs in by_variant.items():
             summary[v]["final_train_loss"] = _stat([r["final_loss"] for r in runs])
         view = {"summary": summary, "config": {"seq_len": cfg.seq_len}}
-        depths[str(depth)] = {"summary": summary, "claims": judge_mechanism(view),
+        depths[str(depth)] = {"summary": summary, "claims": judge_mechanism(view), "strongest_layer": layer,
                               "runs": {v: [{k: r[k] for k in ("seed", "curve", "final_loss", "wall_seconds", "train_seconds")}
                                            for r in runs] for v, runs in by_variant.items()}}
     first = records[0]["final"] if records else {}
@@ -245,6 +353,29 @@ def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict
         "depths": depths,
         "run_minutes": sum(r["wall_seconds"] for r in records) / 60,
     }
+
+
+def strongest_layer(baseline_runs: list[dict[str, Any]]) -> int | None:
+    """The layer where the baseline's BOS attention from ordinary positions is largest
+    (seed mean), where the claims are judged: a sink in one layer is not averaged away by
+    the others. None without baseline runs."""
+    per_layer = [r["final"].get("bos_attn_ordinary_per_layer") for r in baseline_runs]
+    per_layer = [p for p in per_layer if p]
+    if not per_layer:
+        return None
+    means = [sum(v for v in col if v is not None) / len(col) for col in zip(*per_layer)]
+    return max(range(len(means)), key=means.__getitem__)
+
+
+def at_layer(final: dict[str, Any], layer: int | None) -> dict[str, Any]:
+    """``final`` with every per-layer figure read at ``layer`` (as is when None)."""
+    if layer is None:
+        return final
+    view = dict(final)
+    for key, values in final.items():
+        if key.endswith("_per_layer") and values and layer < len(values):
+            view[key[: -len("_per_layer")]] = values[layer]
+    return view
 
 
 def _stat(values: list[float | None]) -> dict[str, Any] | None:
@@ -272,14 +403,75 @@ def _sink_forms(results: dict) -> Verdict:
     trig = results["summary"]["baseline"].get("bos_attn_trigger")
     text = (f"BOS attention of ordinary positions {_fmt(m)} = {m['mean'] / uniform:.1f}× the uniform level "
             f"({uniform:.3f})" + (f"; trigger positions {_fmt(trig)}" if trig else ""))
-    if m["mean"] >= SINK_SHARE:
-        return Verdict(HELD, text)
-    return Verdict(NOT_HELD, text + f"; below the {SINK_SHARE:g} the task is known for")
+    seeds = m.get("values") or [m["mean"]]
+    if min(seeds) >= SINK_SHARE:
+        return Verdict(HELD, text + f"; every seed ≥ {SINK_SHARE:g} ({', '.join(f'{x:.3f}' for x in seeds)})")
+    return Verdict(NOT_HELD, text + f"; seeds {', '.join(f'{x:.3f}' for x in seeds)}, not all at the "
+                                    f"{SINK_SHARE:g} the task is known for")
+
+
+SINKING = 3.0  # a sink to remove: the baseline's BOS attention from ordinary positions >= 3x uniform
+DRAIN = 0.5  # value-state drain: ‖v_BOS‖ <= 0.5 x the other tokens'
+PEAK = 2.0  # residual-state peak: ‖h_BOS‖ >= 2 x the other tokens'
+
+
+def _uniform(results: dict) -> float:
+    level = results["summary"]["baseline"].get("uniform_bos_attn_ordinary")
+    return level["mean"] if level else uniform_first_token_attention(results["config"]["seq_len"] - 1)
+
+
+def mechanism_sink_shown(results: dict) -> str | None:
+    """None when the baseline's BOS attention from ordinary positions is at least SINKING x
+    the uniform level (the quantity the removal claims are about); else why not."""
+    m = results.get("summary", {}).get("baseline", {}).get("bos_attn_ordinary")
+    if not m:
+        return "`baseline` was not measured"
+    uniform = _uniform(results)
+    if m["mean"] >= SINKING * uniform:
+        return None
+    return (f"the baseline shows no sink to remove (BOS attention of ordinary positions {_fmt(m)}, needs ≥ "
+            f"{SINKING:g}× uniform = {SINKING * uniform:.3f})")
+
+
+def _norm_ratio(results: dict, variant: str, kind: str) -> tuple[float, list[float]] | None:
+    """Seed-mean and per-seed ‖x_BOS‖ / ‖x_other‖ of ``kind`` (value or resid)."""
+    m = results.get("summary", {}).get(variant, {})
+    bos, other = m.get(f"{kind}_norm_bos"), m.get(f"{kind}_norm_other")
+    if not bos or not other:
+        return None
+    per_seed = [b / o for b, o in zip(bos["values"], other["values"]) if o]
+    return (sum(per_seed) / len(per_seed), per_seed) if per_seed else None
+
+
+def _norm_claim(kind: str, variant: str | None):
+    """The baseline's drain (value) or peak (resid); with ``variant``, whether it vanishes there."""
+    label = {"value": ("value-state drain", "‖v_BOS‖ / ‖v_other‖"), "resid": ("residual-state peak",
+                                                                             "‖h_BOS‖ / ‖h_other‖")}[kind]
+
+    def holds(ratio: float) -> bool:
+        return ratio <= DRAIN if kind == "value" else ratio >= PEAK
+
+    def judge(results: dict) -> Verdict:
+        base = _norm_ratio(results, "baseline", kind)
+        if base is None:
+            return Verdict(NOT_MEASURABLE, f"{label[1]} was not measured")
+        text = f"baseline {label[1]} {base[0]:.2f} (seeds {', '.join(f'{x:.2f}' for x in base[1])})"
+        if variant is None:
+            return Verdict(HELD if all(holds(x) for x in base[1]) else NOT_HELD, text)
+        if not all(holds(x) for x in base[1]):
+            return Verdict(NOT_MEASURABLE, text + f": the baseline shows no {label[0]} in every seed")
+        other = _norm_ratio(results, variant, kind)
+        if other is None:
+            return Verdict(NOT_MEASURABLE, f"`{variant}` {label[1]} was not measured")
+        text += f"; `{variant}` {other[0]:.2f} (seeds {', '.join(f'{x:.2f}' for x in other[1])})"
+        return Verdict(HELD if not any(holds(x) for x in other[1]) else NOT_HELD, text)
+
+    return judge
 
 
 def _removes(variant: str):
     def judge(results: dict) -> Verdict:
-        shown = sink_shown(results)
+        shown = mechanism_sink_shown(results)
         if shown is not None:
             return Verdict(NOT_MEASURABLE, shown)
         return compare(results, variant, "baseline", "bos_attn_ordinary", min_ratio=REMOVAL_RATIO,
@@ -302,7 +494,7 @@ def _selective(variant: str):
 
 
 def _learnable_sink(results: dict) -> Verdict:
-    shown = sink_shown(results)
+    shown = mechanism_sink_shown(results)
     if shown is not None:
         return Verdict(NOT_MEASURABLE, shown)
     verdict = compare(results, "sink", "baseline", "bos_attn_ordinary", min_ratio=REMOVAL_RATIO,
@@ -321,6 +513,14 @@ def _learnable_sink(results: dict) -> Verdict:
 MECHANISM_CLAIMS: list[tuple[str, str, tuple[str, ...], Any]] = [
     ("mech-sink", "The baseline's ordinary positions attend to BOS (≥ 0.5 of their attention)", ("baseline",),
      _sink_forms),
+    ("mech-drain", f"The baseline's BOS value vector drains (‖v_BOS‖ ≤ {DRAIN:g}× the others', every seed)",
+     ("baseline",), _norm_claim("value", None)),
+    ("mech-peak", f"The baseline's BOS residual state peaks (‖h_BOS‖ ≥ {PEAK:g}× the others', every seed)",
+     ("baseline",), _norm_claim("resid", None)),
+    *[(f"mech-drain-{v}", f"The value-state drain vanishes with `{v}`", ("baseline", v), _norm_claim("value", v))
+      for v in ("gated",)],
+    *[(f"mech-peak-{v}", f"The residual-state peak vanishes with `{v}`", ("baseline", v), _norm_claim("resid", v))
+      for v in ("gated",)],
     *[(f"mech-removes-{v}", f"`{v}` removes the sink (≤ 0.5× the baseline's BOS attention)", ("baseline", v),
        _removes(v)) for v in GATED],
     *[(f"mech-selective-{v}", f"`{v}`'s gate opens on triggers and closes elsewhere", (v,), _selective(v))
@@ -348,12 +548,13 @@ def _say(msg: str) -> None:
 
 
 def _meta(cfg: MechanismConfig, command: str | None, started: float) -> dict[str, Any]:
-    from gatedattn.reproduce.runner import code_version, machine_description
+    from gatedattn.reproduce.runner import machine_description
+    from gatedattn.train.rundir import code_version, describe_code_version
 
     return {
         "command": command or "gatedattn reproduce --study mechanism",
         "machine": machine_description(), "python": platform.python_version(), "torch": torch.__version__,
-        "gatedattn": __version__, "code_version": code_version(),
+        "gatedattn": __version__, "code_version": describe_code_version(code_version()),
         "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": (time.time() - started) / 60,
     }

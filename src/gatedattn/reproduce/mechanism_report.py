@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gatedattn.analysis import plots
 from gatedattn.io import atomic_write_text
-from gatedattn.reproduce.claims import MASSIVE_RATIO, SINK_OVER_UNIFORM
+from gatedattn.reproduce.mechanism import DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig
 
 COLUMNS = [  # (summary key, header, digits)
     ("bos_attn_ordinary", "BOS attn, ordinary", 3),
@@ -67,11 +67,11 @@ def make_plots(results: dict, out: Path) -> dict[str, str]:
     return made
 
 
-def mechanism_section(results: dict, out: Path, heading: str = "##") -> list[str]:
+def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool = True) -> list[str]:
     """Markdown lines of the study's results (writes its plots into ``out``)."""
     made = make_plots(results, out)
     task, cfg = results["task"], results["config"]
-    lines = [f"{heading} Bigram-Backcopy: the sink's mechanism", ""]
+    lines = [f"{heading} Bigram-Backcopy: the sink's mechanism", ""] if title else []
     lines += [
         f"Task: {task['description']}. {100 * (task['trigger_fraction'] or 0):.0f} % of query positions are "
         f"triggers (the next token copies the one before the trigger); the others are ordinary (bigram) "
@@ -79,7 +79,11 @@ def mechanism_section(results: dict, out: Path, heading: str = "##") -> list[str
         f"ordinary positions and {task['uniform_bos_attn_trigger']:.3f} from trigger positions "
         f"(F-Attn {task['uniform_f_attn']:.3f}).", ""]
     for depth, block in results["depths"].items():
+        where = block.get("strongest_layer")
         lines += [f"{heading}# {depth} layer{'s' if depth != '1' else ''}", ""]
+        if where is not None and depth != "1":
+            lines += [f"Claims and the table are at layer {where + 1} of {depth}, where the baseline's BOS attention "
+                      f"from ordinary positions is strongest (seed mean); every variant is read at the same layer.", ""]
         if block["claims"]:
             lines += ["| claim | this run | verdict |", "|---|---|---|"]
             lines += [f"| {c['claim']} | {c['measured']} | **{c['verdict']}** |" for c in block["claims"]]
@@ -96,17 +100,20 @@ def mechanism_section(results: dict, out: Path, heading: str = "##") -> list[str
                 what = "BOS attention" if name.startswith("bos") else "Gate score"
                 lines += [f"![{what}, {depth} layer(s)]({file})", ""]
     lines += [
-        "*Legend.* BOS attn: attention probability on BOS, averaged over heads and layers, by query class. "
+        "*Legend.* BOS attn: attention probability on BOS, averaged over heads (at the layer named above where a "
+        "model has several), by query class. "
         "prev-token attn: attention of trigger positions on the token just before them (the copy). "
         "‖v‖: L2 norm of the value vector at BOS vs the mean elsewhere; ‖h‖: L2 norm of the residual stream "
         "after each layer at BOS vs elsewhere (layer mean); M-Act / median: largest |h| over the median |h| "
         "(max over layers). gate: the layer's effective gate score (product of its gates, mean over channels).",
         "",
-        f"*Verdicts.* Differences count only beyond seed noise, |Δmean| > 2·√(σ₁² + σ₂²). A claim that a "
-        f"variant *removes* the sink is judged only where the baseline shows one: F-Attn ≥ {SINK_OVER_UNIFORM:g}× the "
-        f"uniform value and Sink^ε > 0 (a head whose mean attention on BOS exceeds 0.3); else *not measurable*. "
-        f"(Massive-activation claims elsewhere need a baseline M-Act / median ≥ {MASSIVE_RATIO:g}.) "
-        "\"Removes\" means at most half the baseline's BOS attention from ordinary positions. The gate "
+        f"*Verdicts.* Differences count only beyond seed noise, |Δmean| > 2·√(σ₁² + σ₂²). The sink forms when "
+        f"every seed's baseline puts at least {SINK_SHARE:g} of an ordinary position's attention on BOS. A claim "
+        f"that a variant *removes* the sink is judged only where the baseline has one to remove: BOS attention of "
+        f"ordinary positions ≥ {SINKING:g}× the uniform level; else *not measurable*. \"Removes\" means at most "
+        f"{REMOVAL_RATIO:g}× the baseline's BOS attention from ordinary positions. The value-state drain is "
+        f"‖v_BOS‖ ≤ {DRAIN:g}× the other tokens' and the residual-state peak ‖h_BOS‖ ≥ {PEAK:g}× the others', in "
+        "every seed; they *vanish* with a variant where no seed of it shows them. The gate "
         "\"opens on triggers and closes elsewhere\" when its score is higher on trigger positions and the "
         "ordinary positions' score is at most half of it. The learnable sink \"takes the sink's role\" when "
         "BOS attention drops to half and the sink takes at least half the baseline's BOS attention.", ""]
@@ -134,11 +141,8 @@ def write_mechanism_report(results: dict, out: str | Path) -> Path:
              f"({meta['code_version']}) |",
              f"| date | {meta['started']} · this invocation {meta['duration_min']:.1f} min; the {len(_all_runs(results))} "
              f"runs took {results['run_minutes']:.1f} min summed ({cfg['workers']} at a time; finished runs are reused) |",
-             f"| model | `toy` preset: d_model 64, 1 head of 64, SwiGLU 128, RoPE, no q/k norm, tied embeddings; "
-             f"depths {', '.join(map(str, cfg['depths']))} (deeper ones: {', '.join(cfg['deep_variants']) or 'none'}) |",
-             f"| training | {cfg['steps']} steps × {cfg['micro_batch']} sequences of BOS + {cfg['seq_len']} tokens, "
-             f"AdamW LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine to 0.1×), weight decay "
-             f"{cfg['weight_decay']:g}, fp32, seeds 0..{cfg['seeds'] - 1} |",
+             f"| recipe | {MechanismConfig.from_dict(cfg).describe()}; fp32, seeds 0..{cfg['seeds'] - 1} |",
+             f"| depths | {', '.join(map(str, cfg['depths']))} (deeper ones: {', '.join(cfg['deep_variants']) or 'none'}) |",
              ""]
     lines += mechanism_section(results, out)
     lines += ["## Reproduce", "", "```bash", meta["command"], "```", "",

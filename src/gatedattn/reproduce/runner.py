@@ -38,6 +38,7 @@ from gatedattn.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.precision import resolve_dtype
 from gatedattn.reproduce.claims import judge_all
+from gatedattn.reproduce.mechanism import MechanismConfig, build_results as mechanism_results, train_runs
 from gatedattn.reproduce.rank_sweep import rank_section, rank_sweep
 from gatedattn.reproduce.report import write_report, write_study_report
 from gatedattn.timing import interleaved_times, median_times
@@ -105,6 +106,11 @@ class ReproduceConfig:
     ranks: tuple[int, ...] = option((8, 16, 32, 64), help="inner widths d_int of hyga-lowrank in the rank study")
     fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
                                             "report's claims table")
+    min_steps: int = option(500, help="fewest training steps a budget-fitted run may get: below it the "
+                                      "reproduction steps down to a smaller preset, then to fewer seeds")
+    mechanism: MechanismConfig | None = field(default_factory=MechanismConfig, metadata={
+        "help": "the Bigram-Backcopy mechanism study that opens the main job (None: natural text only)",
+        "exclude": ("out_dir", "progress")})
     train: TrainConfig = field(default_factory=_base_train, metadata={
         "help": "the base training settings of every run", "exclude": _PER_RUN})
 
@@ -112,6 +118,20 @@ class ReproduceConfig:
         owner = "ReproduceConfig"
         if not isinstance(self.train, TrainConfig):
             raise ConfigError(f"{owner}.train must be a TrainConfig, got {type(self.train).__name__}")
+        self._check_variants(owner)
+        if self.study not in STUDIES:
+            raise ConfigError(f"{owner}.study={self.study!r} is not allowed; choose one of {', '.join(STUDIES)}")
+        if self.mechanism is not None and not isinstance(self.mechanism, MechanismConfig):
+            raise ConfigError(f"{owner}.mechanism must be a MechanismConfig or None, got {type(self.mechanism).__name__}")
+        for name in ("seeds", "evals", "analysis_sequences", "min_steps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{owner}.{name}={getattr(self, name)!r} must be > 0")
+        self._check_budget(owner)
+        self._check_ladders(owner)
+        for variant in self.variants:  # fail now, not after an hour: each run's config is valid
+            self.train_config(variant, 0, steps=10)
+
+    def _check_variants(self, owner: str) -> None:
         object.__setattr__(self, "variants", tuple(self.variants))
         if not self.variants:
             raise ConfigError(f"{owner}.variants is empty; name at least one of: {', '.join(VARIANTS)}")
@@ -120,20 +140,18 @@ class ReproduceConfig:
                 raise ConfigError(f"{owner}.variants: unknown variant {v!r}; known variants: {', '.join(VARIANTS)}")
         if len(set(self.variants)) != len(self.variants):
             raise ConfigError(f"{owner}.variants names a variant twice: {', '.join(self.variants)}")
-        if self.study not in STUDIES:
-            raise ConfigError(f"{owner}.study={self.study!r} is not allowed; choose one of {', '.join(STUDIES)}")
-        for name in ("seeds", "evals", "analysis_sequences"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{owner}.{name}={getattr(self, name)!r} must be > 0")
-        self._check_budget(owner)
+
+    def _check_ladders(self, owner: str) -> None:
+        """The learning rates, ranks and extrapolation multiples."""
         if any(lr <= 0 for lr in self.lrs):
             raise ConfigError(f"{owner}.lrs must be > 0")
         if not self.ranks or any(not isinstance(r, int) or r <= 0 for r in self.ranks):
             raise ConfigError(f"{owner}.ranks={self.ranks} must be one or more positive integers")
         if any(m < 1 for m in self.multiples):
             raise ConfigError(f"{owner}.multiples={self.multiples} must all be >= 1")
-        for variant in self.variants:  # fail now, not after an hour: each run's config is valid
-            self.train_config(variant, 0, steps=10)
+        if self.train.model.lm.get("position_embedding") == "learned" and max(self.multiples, default=1) > 1:
+            raise ConfigError(f"{owner}.multiples={self.multiples}: a model with position_embedding='learned' cannot "
+                              "be read beyond its training context; set multiples=1")
 
     def _check_budget(self, owner: str) -> None:
         if (self.steps is None) == (self.budget_minutes is None):
@@ -148,7 +166,8 @@ class ReproduceConfig:
     def quick(cls, **changes: Any) -> "ReproduceConfig":
         """About a minute on a 2-core CPU: a smoke test of the whole pipeline."""
         base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, budget_minutes=None, warmup_steps=5, evals=2, seeds=1,
-                    analysis_sequences=8, multiples=(1, 2), lrs=(3e-3, 3e-2), out_dir="runs/reproduce-quick")
+                    analysis_sequences=8, multiples=(1, 2), lrs=(3e-3, 3e-2), out_dir="runs/reproduce-quick",
+                    mechanism=MechanismConfig.quick(), min_steps=10)
         return cls(**{**base, **changes})
 
     @property
@@ -163,13 +182,14 @@ class ReproduceConfig:
         model = dataclasses.replace(t.model, variant=variant, gate=t.model.gate if has_gate(variant) else {})
         return t.replace(
             out_dir=out_dir, model=model, steps=steps, lr=lr or t.lr,
-            warmup_steps=min(t.warmup_steps, max(steps // 5, 1)), seed=seed,
+            warmup_steps=min(t.warmup_steps, max(steps // 10, 1)), seed=seed,
             eval_every=max(steps // self.evals, 1), ckpt_every=max(steps // 4, 1),
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["train"] = self.train.to_dict()
+        d["mechanism"] = None if self.mechanism is None else self.mechanism.to_dict()
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
@@ -180,6 +200,8 @@ class ReproduceConfig:
                 data[name] = tuple(data[name])
         if isinstance(data.get("train"), dict):
             data["train"] = TrainConfig.from_dict(data["train"])
+        if isinstance(data.get("mechanism"), dict):
+            data["mechanism"] = MechanismConfig.from_dict(data["mechanism"])
         return cls(**data)
 
 
@@ -267,14 +289,49 @@ def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int,
     if cfg.budget_minutes is None:
         return cfg.steps, {}
     step_s = time_steps(cfg, data)
-    per_step = sum(s * (counts or {}).get(v, 1) for v, s in step_s.items()) * n_runs_per_variant
-    steps = int(cfg.budget_minutes * 60 * 0.8 / per_step + 1e-9)
-    steps = max(10, steps - steps % 10)
+    steps = _fit(cfg, {v: s * (counts or {}).get(v, 1) for v, s in step_s.items()}, n_runs_per_variant)
     eta = time.strftime("%H:%M", time.localtime(time.time() + cfg.budget_minutes * 60))
     _say(f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run "
          f"({steps * cfg.train.micro_batch * cfg.train.seq_len / 1e6:.2f} M tokens, the same for every variant) fit "
          f"{cfg.budget_minutes:g} min; ETA {eta}")
     return steps, step_s
+
+
+STEP_DOWN_PRESETS = ("small", "tiny")  # smaller models to try, in order, when a budget fits too few steps
+
+
+def fit_plan(cfg: ReproduceConfig, data: TokenData) -> tuple[ReproduceConfig, int, dict[str, float], list[str]]:
+    """The main job's plan: steps fitted to the budget, never fewer than ``min_steps``.
+    Where the configured model and seeds do not fit that floor, step down: a smaller
+    preset first (``STEP_DOWN_PRESETS``), then fewer seeds. Returns the config that runs,
+    its steps, the timed seconds per step and what was cut (sentences for the report)."""
+    steps, step_s = plan_steps(cfg, data, cfg.seeds)
+    if cfg.budget_minutes is None or steps >= cfg.min_steps:
+        return cfg, steps, step_s, []
+    cuts = [f"`{cfg.train.preset}` × {cfg.seeds} seeds fits {steps} steps per run into {cfg.budget_minutes:g} min "
+            f"here, under the floor of {cfg.min_steps}"]
+    at = STEP_DOWN_PRESETS.index(cfg.train.preset) + 1 if cfg.train.preset in STEP_DOWN_PRESETS else None
+    for preset in STEP_DOWN_PRESETS[at:] if at is not None else ():
+        trial = dataclasses.replace(cfg, train=cfg.train.replace(model=dataclasses.replace(cfg.train.model, size=preset)))
+        steps, step_s = plan_steps(trial, data, cfg.seeds)
+        if steps >= cfg.min_steps:
+            cuts.append(f"so the model steps down to `{preset}` ({steps} steps, {cfg.seeds} seeds)")
+            return trial, steps, step_s, cuts
+        cfg = trial
+        cuts.append(f"`{preset}` fits {steps}")
+    for seeds in range(cfg.seeds - 1, 0, -1):
+        steps = _fit(cfg, step_s, seeds)
+        if steps >= cfg.min_steps or seeds == 1:
+            cuts.append(f"so the seeds step down to {seeds} at `{cfg.train.preset}` ({steps} steps)")
+            return dataclasses.replace(cfg, seeds=seeds), max(steps, cfg.min_steps), step_s, cuts
+    return cfg, max(steps, cfg.min_steps), step_s, cuts
+
+
+def _fit(cfg: ReproduceConfig, step_s: dict[str, float], runs_per_variant: int) -> int:
+    """Steps per run that fit 80 % of the budget (the rest: evaluation and analysis)."""
+    per_step = sum(step_s.values()) * runs_per_variant
+    steps = int(cfg.budget_minutes * 60 * 0.8 / per_step + 1e-9)
+    return max(10, steps - steps % 10)
 
 
 class SinkTracker:
@@ -408,6 +465,10 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     results: dict[str, Any] = {"config": {**cfg.to_dict(), **_report_fields(cfg.train)}, "variants": {}, "summary": {}}
 
     step_s: dict[str, float] = {}
+    cuts: list[str] = []
+    if cfg.study == "main" and cfg.mechanism is not None:
+        results["mechanism"] = run_mechanism_part(cfg, out)
+        atomic_write_json(out / "results.json", json_safe(results))
     if cfg.study == "lr":
         results["lr_study"] = lr_study(cfg, data_dir, data, out)
         variants_run = ["baseline", "gated"]
@@ -417,13 +478,16 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
         variants_run = ["gated", "hyga-lowrank"]
         steps = results["rank_sweep"]["steps"]
     else:
-        steps, step_s = plan_steps(cfg, data, cfg.seeds)
+        text_started = time.time()
+        cfg, steps, step_s, cuts = fit_plan(cfg, data)
+        results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train)}
         variants_run = list(cfg.variants)
         for variant in variants_run:
             runs = [run_one(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)]
             results["variants"][variant] = {"runs": runs}
             results["summary"][variant] = summarize(runs)
             atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
+        results["text_minutes"] = (time.time() - text_started) / 60
 
     add_strongest_layer(results)
     fold_in(results, folds)
@@ -437,7 +501,7 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
                                               .model_config(data.vocab_size)).parameters())
     n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[cfg.train.preset]
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
-                             seeds=list(range(cfg.seeds)), step_seconds=step_s)
+                             seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
     results["meta"] = {
         "command": command or "gatedattn reproduce" + ("" if cfg.study == "main" else f" --study {cfg.study}"),
         "machine": machine_description(),
@@ -459,6 +523,19 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     if not results["variants"]:
         return write_study_report(results, out)
     return write_report(results, out, sections=[rank_section])
+
+
+def run_mechanism_part(cfg: ReproduceConfig, out: Path) -> dict[str, Any]:
+    """The main job's first part: the mechanism study in ``out/mechanism`` (its runs are
+    reused by a second call); its results, with the wall time it took."""
+    started = time.time()
+    mcfg = cfg.mechanism.replace(out_dir=str(out / "mechanism"), progress=True)
+    _say(f"part 1: the mechanism study ({len(mcfg.plan())} runs of {mcfg.steps} steps, {mcfg.workers} at a time)")
+    records = train_runs(mcfg, Path(mcfg.out_dir))
+    results = mechanism_results(mcfg, mcfg.task(), records)
+    results["minutes"] = (time.time() - started) / 60
+    _say(f"part 1 done in {results['minutes']:.1f} min; part 2: natural text")
+    return results
 
 
 FOLDABLE = ("lr_study", "rank_sweep")

@@ -61,6 +61,8 @@ class ModelRecipe:
 
     size: str = option("tiny", help="model size preset: " + ", ".join(SIZE_PRESETS))
     variant: str = option("baseline", help="attention preset (see `gatedattn variants`)")
+    d_model: int | None = option(None, help="width of the residual stream (default: the size preset's; the "
+                                           "heads keep their count, the MLP its ratio)")
     lm: dict[str, Any] = option({}, overrides=ModelConfig, flatten=True, help="changes to the ModelConfig fields")
     attention: dict[str, Any] = option({}, overrides=AttentionConfig, help="changes to the AttentionConfig fields")
     gate: dict[str, Any] = option({}, overrides=GateConfig, help="changes to the variant's GateConfig")
@@ -71,6 +73,8 @@ class ModelRecipe:
             raise ConfigError(f"ModelRecipe.size: preset={self.size!r} is not allowed; choose one of "
                               f"{', '.join(repr(p) for p in SIZE_PRESETS)}")
         check_choice("ModelRecipe", "variant", self.variant, tuple(VARIANTS))
+        if self.d_model is not None and (not _is_int(self.d_model) or self.d_model <= 0):
+            raise ConfigError(f"ModelRecipe.d_model={self.d_model!r} must be a positive integer (or None: the preset's)")
         for group, owner in OVERRIDE_GROUPS.items():
             object.__setattr__(self, group, _checked_overrides(group, owner, getattr(self, group)))
         if self.gate and not has_gate(self.variant):
@@ -84,6 +88,8 @@ class ModelRecipe:
         lm = dict(self.lm)
         max_len = lm.pop("max_seq_len", max_seq_len or 256)
         attention = dict(self.attention)
+        if self.d_model is not None:
+            attention["d_model"] = self.d_model
         if self.gate:
             attention["gate_fields"] = dict(self.gate)
         if self.rope:
@@ -102,7 +108,8 @@ class ModelRecipe:
         return {(f"{g}." if g != "lm" else "") + k: v for g in OVERRIDE_GROUPS for k, v in getattr(self, g).items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "variant": self.variant,
+        width = {} if self.d_model is None else {"d_model": self.d_model}  # absent: as written before the field
+        return {"size": self.size, "variant": self.variant, **width,
                 **{g: dict(getattr(self, g)) for g in OVERRIDE_GROUPS}}
 
     @classmethod

@@ -8,6 +8,7 @@ flag and the gatedattn version, as JSON; ``env.json`` the software and machine.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import socket
@@ -23,6 +24,7 @@ import torch
 from gatedattn.errors import GatedAttnError
 from gatedattn.io import read_json_object
 from gatedattn.io import atomic_write_json
+from gatedattn.model import ModelConfig
 from gatedattn.train.config import RESUMABLE_FIELDS, config_diff, lookup, upgrade_dict
 
 CONFIG = "config.json"
@@ -52,11 +54,16 @@ def run_identity(cfg, model_cfg, world_size: int, data) -> dict[str, Any]:
     }
 
 
+_MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+
+
 def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: frozenset[str]) -> str | None:
     """``"train.lr: 0.001 there, 0.003 here"`` for the first differing field (TrainConfig
     fields first, then the resolved model, the data, the world size), else None.
     ``ignore_train`` names TrainConfig fields allowed to differ."""
     old = {**old, "train": upgrade_dict(old.get("train") or {})}  # a run of the flat, older form
+    if isinstance(old.get("model"), dict):  # a model field added since reads as its default there
+        old["model"] = {**_MODEL_DEFAULTS, **old["model"]}
     old_t = {k: v for k, v in old["train"].items() if k not in ignore_train}
     new_t = {k: v for k, v in new["train"].items() if k not in ignore_train}
     key = config_diff({"train": old_t}, {"train": new_t})
