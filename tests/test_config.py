@@ -56,7 +56,7 @@ def test_config_round_trips_through_dict():
 
 def test_defaults_are_derived():
     cfg = AttentionConfig(d_model=64, n_heads=4)
-    assert (cfg.n_kv_heads, cfg.head_dim, cfg.group_size, cfg.resolved_kernel) == (4, 16, 1, "sdpa")
+    assert (cfg.n_kv_heads, cfg.head_dim, cfg.resolved_kernel) == (4, 16, "sdpa")
     assert cfg.replace(sink=True).resolved_kernel == "flash-lse"
 
 

@@ -287,7 +287,7 @@ def test_learnable_sink_claim():
                                       (dict(positions="alibi"), r"positions='alibi' is not allowed.*'learned'"),
                                       (dict(norm="batch"), r"norm='batch' is not allowed"),
                                       (dict(schedule="linear"), r"schedule='linear' is not allowed"),
-                                      (dict(beta2=1.0), r"beta2=1.0 must be in \(0, 1\)"),
+                                      (dict(beta2=1.0), r"beta2=1.0 must be < 1"),
                                       (dict(train_tokens=10), "train_tokens=10 must exceed seq_len"),
                                       (dict(embed_std=0.0), "embed_std=0.0 must be > 0"),
                                       (dict(d_model=0), "d_model=0 must be > 0")])
@@ -310,6 +310,16 @@ def test_cli_rejects_flags_of_other_studies(capsys):
     assert "--workers do not apply to --study main" in capsys.readouterr().err
     assert main(["reproduce", "--study", "lr", "--no-mechanism", "--quick"]) == 2
     assert "--no-mechanism do not apply to --study lr" in capsys.readouterr().err
+
+
+def test_no_mechanism_leaves_out_part_one():
+    from gatedattn.cli import build_parser
+    from gatedattn.reproduce.cli import _reproduce_config
+
+    parse = build_parser("reproduce").parse_args
+    assert _reproduce_config(parse(["reproduce", "--quick", "--no-mechanism"])).mechanism is None
+    assert _reproduce_config(parse(["reproduce", "--quick"])).mechanism == MechanismConfig.quick()
+    assert _reproduce_config(parse(["reproduce"])).mechanism == MechanismConfig()
 
 
 def test_every_study_is_registered_once_with_its_flags():

@@ -34,3 +34,30 @@ def workdir(tmp_path, monkeypatch):
 def test_readme_python_block_runs(workdir, index):
     code = compile(BLOCKS[index], f"README.md python block {index + 1}", "exec")
     exec(code, {"__name__": f"readme_block_{index + 1}"})
+
+
+def test_the_readme_variant_table_matches_gatedattn_variants(capsys):
+    """Each row of the README's preset table: gate parameters and gate FLOP share as
+    `gatedattn variants --d-model 1024 --n-heads 16 --n-kv-heads 4` computes them, and
+    every preset listed once."""
+    import json
+
+    from gatedattn.cli import main
+
+    assert main(["variants", "--d-model", "1024", "--n-heads", "16", "--n-kv-heads", "4", "--json"]) == 0
+    computed = {v["name"]: v for v in json.loads(capsys.readouterr().out)}
+    text = README.read_text(encoding="utf-8")
+    start = text.index("| preset | what | paper")
+    table = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("| `"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        share = cells[4].removesuffix(" %")
+        table[cells[0].strip("`")] = (int(cells[3].replace(",", "")), float(share))
+    assert set(table) == set(computed)
+    for name, (params, share) in table.items():
+        v = computed[name]
+        assert params == v["gate_params"], name
+        digits = len(str(share).split(".")[1]) if "." in str(share) else 0
+        assert round(100 * v["gate_flops"] / v["flops"], max(digits, 1)) == pytest.approx(share, abs=10 ** -digits), name

@@ -53,15 +53,25 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["gated"]["val_loss"] == before
     assert again["mechanism"]["depths"] == mech["depths"]  # part 1's runs reused too
-    assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q", "--no-mechanism"]) == 0
-    text_only = json.loads((out / "results.json").read_text())
-    assert "mechanism" not in text_only and "## Part 1" not in (out / "report.md").read_text()
+    # --report-only rewrites the report from results.json alone, judging the claims anew
+    written = (out / "report.md").read_text()
+    tampered = {**again, "claims": [], "mechanism": {**again["mechanism"], "depths": {
+        d: {**b, "claims": []} for d, b in again["mechanism"]["depths"].items()}}}
+    (out / "results.json").write_text(json.dumps(tampered))
+    assert main(["reproduce", "--quick", "--out", str(out), "--report-only"]) == 0
+    assert (out / "report.md").read_text() == written
+    assert json.loads((out / "results.json").read_text())["claims"] == again["claims"]
+    # without part 1 the report starts with part 2's setup
+    text_only = {k: v for k, v in again.items() if k != "mechanism"}
+    plain = write_report(text_only, tmp_path / "text-only").read_text()
+    assert "## Part 1" not in plain and "## Part 2" not in plain and "## Setup" in plain
 
 
 @pytest.mark.parametrize("fields,match", [
     (dict(variants=("baseline", "gatd")), "unknown variant 'gatd'"),
     (dict(variants=()), "variants is empty"),
-    (dict(study="width"), r"study='width'.*main, lr"),
+    (dict(study="width"), r"study='width' is not allowed; choose one of 'main', 'lr', 'rank'"),
+    (dict(timing_rounds=2), r"timing_rounds=2 must be >= 3"),
     (dict(preset="huge"), r"preset='huge'"),
     (dict(seeds=0), r"seeds=0 must be > 0"),
     (dict(multiples=(0, 2)), r"multiples"),

@@ -49,6 +49,7 @@ REPRODUCE_VALUES = {
     "steps": ("none", None), "out_dir": ("r2", "r2"), "evals": ("3", 3), "analysis_sequences": ("16", 16),
     "multiples": ("1,3", (1, 3)), "study": ("lr", "lr"), "lrs": ("1e-3,1e-2", (1e-3, 1e-2)),
     "ranks": ("4,8", (4, 8)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")), "min_steps": ("50", 50),
+    "timing_rounds": ("4", 4),
     "mechanism.variants": ("baseline,sink", ("baseline", "sink")), "mechanism.depths": ("1,3", (1, 3)),
     "mechanism.deep_variants": ("baseline", ("baseline",)), "mechanism.seeds": ("2", 2), "mechanism.steps": ("77", 77),
     "mechanism.seq_len": ("32", 32), "mechanism.micro_batch": ("8", 8), "mechanism.d_model": ("128", 128),

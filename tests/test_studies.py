@@ -25,6 +25,7 @@ def data_dir(tmp_path_factory):
 
 def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir):
     from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
+    from gatedattn.reproduce.claims import uniform_first_token_attention
 
     cfg = CalibrationConfig.quick(levers=("reference", "no-qk-norm"), steps=6, data_dir=data_dir,
                                   out_dir=str(tmp_path / "cal"), progress=False, base_sets=("train.model.size=micro",))
@@ -36,6 +37,8 @@ def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir)
     for r in rows.values():
         assert r["steps"] == 6 and r["n_layers"] == 2 and len(r["f_attn_per_layer"]) == 2
         assert r["f_attn_strongest"] == max(r["f_attn_per_layer"])
+        # the uniform level of the analysed input (BOS + seq_len - 1 queries), as the claims' rule reads it
+        assert r["uniform"] == uniform_first_token_attention(r["seq_len"] - 1)
         curve = r["over_training"]
         assert len(curve["f_attn_max"]) == len(curve["tokens"]) >= 2
         assert all(m >= a for m, a in zip(curve["f_attn_max"], curve["f_attn"]))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatedattn.errors import check_types, ConfigError, check_choice
-from gatedattn.settings import option
+from gatedattn.settings import build, option
 
 GATE_POSITIONS = ("g1", "g2", "g3", "g4", "g5")
 GRANULARITIES = ("elementwise", "headwise")
@@ -246,11 +246,6 @@ class AttentionConfig:
 
     # Derived shapes -------------------------------------------------------------
     @property
-    def group_size(self) -> int:
-        """Query heads per KV head."""
-        return self.n_heads // self.n_kv_heads
-
-    @property
     def qk_dim(self) -> int:
         """Channels of each query/key head (MLA adds its decoupled RoPE channels)."""
         return self.head_dim + (self.mla.rope_dim if self.kv == "mla" else 0)
@@ -279,13 +274,5 @@ class AttentionConfig:
         parts = {"rope": RopeConfig, "mla": MLAConfig, "gate": GateConfig}
         for name, typ in parts.items():
             if isinstance(data.get(name), dict):
-                data[name] = _build(typ, data[name], f"AttentionConfig.{name}")
-        return _build(cls, data, "AttentionConfig")
-
-
-def _build(cls, data: dict[str, Any], owner: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{owner} has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
-    return cls(**data)
+                data[name] = build(typ, data[name], f"AttentionConfig.{name}")
+        return build(cls, data, "AttentionConfig")

@@ -20,12 +20,28 @@ def fmt_sig(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.3f}"
 
 
-def fmt_mean_std(m: dict) -> str:
-    """``{"mean": .., "std": ..}`` as "mean ± std" (just the mean when the std is unknown)."""
+def fmt_mean_std(m: dict | None) -> str:
+    """``{"mean": .., "std": ..}`` as "mean ± std" to about three significant figures (just
+    the mean when the std is unknown; "–" for no value)."""
+    if m is None or m.get("mean") is None:
+        return "–"
     std = m.get("std")
     if std is None or not math.isfinite(std):
         return fmt_sig(m["mean"])
     return f"{fmt_sig(m['mean'])} ± {fmt_sig(std)}"
+
+
+def fmt_cell(m: dict | None, digits: int) -> str:
+    """A table cell of ``{"mean": .., "std": ..}`` at fixed ``digits``: "mean ± std", the
+    mean alone when the std is unknown, "–" for no value, ``nan`` / ``inf`` as such."""
+    if m is None or m.get("mean") is None:
+        return "–"
+    mean, std = m["mean"], m.get("std")
+    if not math.isfinite(mean):
+        return str(mean)
+    if std is not None and math.isfinite(std):
+        return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return f"{mean:.{digits}f}"
 
 
 def finite_or_none(x: float | None) -> float | None:

@@ -18,7 +18,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
 from gatedattn.errors import GatedAttnError
+from gatedattn.io import atomic_write, atomic_write_text
 
 CHECKSUMS = "checksums.json"
 _CHUNK = 1 << 22
@@ -47,8 +51,6 @@ def _manifest(directory: Path) -> dict[str, str]:
 
 def record(path: str | os.PathLike, digest: str | None = None) -> None:
     """Enter ``path``'s sha256 (computed unless given) into its directory's manifest."""
-    from gatedattn.io import atomic_write_text
-
     path = Path(path)
     entries = _manifest(path.parent)
     entries[path.name] = digest or sha256_file(path)
@@ -84,8 +86,6 @@ def verify_file(path: str | os.PathLike) -> None:
 
 def check_finite(tensors: dict[str, Any], source: Any) -> None:
     """Refuse a state dict holding NaN or infinity, naming the first such tensor."""
-    import torch
-
     for name, t in tensors.items():
         if torch.is_floating_point(t) and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
@@ -131,3 +131,18 @@ def check_tokenizer(path: str | os.PathLike, vocab_size: int | None = None, what
     if vocab_size is not None and n != vocab_size:
         raise GatedAttnError(f"{what} {path} has {n} tokens, but the vocabulary is {vocab_size}")
     return tok
+
+
+def atomic_save_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
+    """Write a safetensors file atomically and enter it in its directory's ``checksums.json``."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    path = atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    record(path)
+    return path
+
+
+def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
+    """``torch.save`` atomically, entered in its directory's ``checksums.json``."""
+    path = atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    record(path)
+    return path

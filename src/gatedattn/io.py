@@ -11,8 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-from safetensors.torch import save_file
+from gatedattn.errors import GatedAttnError
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
@@ -46,30 +45,9 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def atomic_save_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
-    """Write a safetensors file atomically and enter it in its directory's ``checksums.json``."""
-    from gatedattn.integrity import record
-
-    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    path = atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
-    record(path)
-    return path
-
-
-def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
-    """``torch.save`` atomically, entered in its directory's ``checksums.json``."""
-    from gatedattn.integrity import record
-
-    path = atomic_write(path, lambda tmp: torch.save(obj, tmp))
-    record(path)
-    return path
-
-
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON object from ``path``; a missing file, bad JSON or a non-object is a
     ``GatedAttnError`` naming the file."""
-    from gatedattn.errors import GatedAttnError
-
     path = Path(path)
     if not path.is_file():
         raise GatedAttnError(f"{path} is missing")
@@ -143,8 +121,6 @@ def check_writable(path: str | os.PathLike, what: str, *, kind: str = "file", re
     there may be replaced when ``replace``) or ``"dir"`` (created if absent). The nearest
     existing parent must be a writable directory. A problem is a ``GatedAttnError`` naming
     ``what`` (the option, e.g. ``--out``) and the path. Creates nothing."""
-    from gatedattn.errors import GatedAttnError
-
     path = Path(path)
     if str(path) == "":
         raise GatedAttnError(f"{what}: an empty path")

@@ -22,10 +22,11 @@ from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.errors import ConfigError, GatedAttnError, check_choice, check_types
 from gatedattn.gates import Gate
-from gatedattn.io import atomic_save_safetensors, atomic_write_json, read_json_object
+from gatedattn.integrity import atomic_save_safetensors
+from gatedattn.io import atomic_write_json, read_json_object
 from gatedattn.integrity import record as record_checksum, verify_file
 from gatedattn.norm import RMSNorm
-from gatedattn.settings import option
+from gatedattn.settings import build, option
 from gatedattn.variants import get_variant
 
 CONFIG_FILE = "config.json"
@@ -135,14 +136,10 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         data = {k: v for k, v in data.items() if k not in _NOT_CONFIG_KEYS}
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"ModelConfig has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
         if "attention" not in data:
             raise ConfigError("ModelConfig is missing the field 'attention'")
         data["attention"] = AttentionConfig.from_dict(data["attention"])
-        return cls(**data)
+        return build(cls, data)
 
 
 class SwiGLU(nn.Module):

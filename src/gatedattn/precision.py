@@ -28,10 +28,6 @@ class Precision:
     dtype: str
     reason: str
 
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        return torch.bfloat16 if self.dtype == "bf16" else None
-
     def autocast(self, device: torch.device | str):
         """The autocast context for this precision on ``device`` (a no-op for fp32)."""
         device_type = torch.device(device).type

@@ -169,6 +169,43 @@ def option(default: Any = dataclasses.MISSING, *, help: str, **meta: Any) -> Any
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def build(cls: type, data: dict[str, Any], owner: str | None = None) -> Any:
+    """``cls(**data)``, refusing a field ``cls`` does not have by its name and the allowed
+    ones (the one ``from_dict`` check of every config class)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{owner or cls.__name__} has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
+    return cls(**data)
+
+
+_BOUNDS = {"gt": (lambda v, b: v > b, ">"), "ge": (lambda v, b: v >= b, ">="),
+           "lt": (lambda v, b: v < b, "<"), "le": (lambda v, b: v <= b, "<=")}
+
+
+def check_options(obj: Any) -> None:
+    """Check every field of the dataclass ``obj`` against what its ``option`` declares:
+    ``choices=`` (the value, or each item of a tuple value, must be one of them) and the
+    bounds ``gt=``, ``ge=``, ``lt=``, ``le=`` (None values are not checked). The error
+    names the field and what is allowed; ``__post_init__`` keeps only cross-field rules."""
+    owner = type(obj).__name__
+    for f in dataclasses.fields(obj):
+        value, meta = getattr(obj, f.name), f.metadata
+        choices = meta.get("choices")
+        if choices is not None:
+            for item in value if isinstance(value, tuple) else (value,):
+                if item not in choices:
+                    raise ConfigError(f"{owner}.{f.name}={item!r} is not allowed; choose one of "
+                                      f"{', '.join(repr(c) for c in choices)}")
+        for key, (ok, sign) in _BOUNDS.items():
+            bound = meta.get(key)
+            if bound is None or value is None:
+                continue
+            for item in value if isinstance(value, tuple) else (value,):
+                if not ok(item, bound):
+                    raise ConfigError(f"{owner}.{f.name}={value!r} must be {sign} {bound:g}")
+
+
 def split_item(item: str) -> tuple[str, str]:
     key, sep, text = item.partition("=")
     key = key.strip()

@@ -24,6 +24,7 @@ __all__ = [
     "GateStats",
     "GateSummary",
     "MassiveActivation",
+    "Stat",
     "differs_beyond_noise",
     "diverged",
     "first_token_attention",
@@ -32,6 +33,7 @@ __all__ = [
     "loss_spikes",
     "massive_activation",
     "mean_std",
+    "seed_stat",
     "sink_fraction",
     "sink_fraction_per_layer",
     "sink_scores",
@@ -348,6 +350,24 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     with np.errstate(invalid="ignore"):  # inf - inf in the std of a diverged seed -> NaN
         std = float(vals.std(ddof=1)) if vals.size > 1 else math.nan
     return float(vals.mean()), std
+
+
+class Stat(TypedDict):
+    """One metric over seeds: ``mean``, sample ``std`` (None for one seed), per-seed ``values``."""
+
+    mean: float
+    std: float | None
+    values: list[float]
+
+
+def seed_stat(values: Sequence[float | None]) -> Stat | None:
+    """The :class:`Stat` of per-seed values; None when there are none or any is missing
+    (a metric not measured in every seed has no comparable mean). The one rule of every
+    study's summaries."""
+    if not values or any(v is None for v in values):
+        return None
+    mean, std = mean_std(values)
+    return {"mean": mean, "std": None if math.isnan(std) else std, "values": [float(v) for v in values]}
 
 
 def differs_beyond_noise(a: Sequence[float], b: Sequence[float], k: float = 2.0) -> bool | None:

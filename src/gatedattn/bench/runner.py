@@ -12,12 +12,12 @@ import math
 import os
 import platform
 import sys
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from gatedattn.bench.config import REFERENCE, BenchConfig, Shape
+from gatedattn.provenance import cpu_model
 from gatedattn.bench.kvcache import mla_vs_gqa
 from gatedattn.bench.memory import cpu_training_bytes, cuda_peak_bytes
 from gatedattn.bench.targets import evaluate
@@ -42,20 +42,10 @@ HF_PAIRS = (
 )
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine(device: torch.device) -> dict:
     """What the figures were measured on."""
     info = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -133,11 +133,6 @@ def _decode_utf8(data: bytes, where: str | os.PathLike) -> str:
     return text.removeprefix("\ufeff")
 
 
-def read_text_file(path: str | os.PathLike) -> str:
-    """The text of a UTF-8 file, exactly (only a leading byte-order mark is dropped)."""
-    return _decode_utf8(Path(path).read_bytes(), path)
-
-
 def _hidden(rel: Path) -> bool:
     return any(part.startswith(".") for part in rel.parts)
 

@@ -36,7 +36,8 @@ from gatedattn.config import GateConfig
 from gatedattn.errors import GatedAttnError
 from gatedattn.hf.checkpoint import CONFIG_FILE, SINGLE_FILE
 from gatedattn.hf.load import hf_specs
-from gatedattn.io import atomic_save_safetensors, atomic_write_json
+from gatedattn.integrity import atomic_save_safetensors
+from gatedattn.io import atomic_write_json
 from gatedattn.model import GatedLM, ModelConfig
 
 LAYOUTS = ("stock", "qwen3-next", "official")

@@ -1,4 +1,4 @@
-"""The two ways published checkpoints pack an output gate into ``q_proj`` (DESIGN 2.4).
+"""The two ways published checkpoints pack an output gate into ``q_proj`` (docs/design.md, "Packed gate layouts").
 
 ``gatedattn`` keeps the query projection and the X-gate projection apart:
 ``attn.qkv.q_proj`` (H*d rows, head-major) and ``attn.gate.x.proj`` (H*w rows,

@@ -25,27 +25,24 @@ every call's command, and each row says in which call it was timed and trained.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import platform
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
-from gatedattn import __version__
 from gatedattn.data import TokenData, prepare
 from gatedattn.data.corpus import default_sources
 from gatedattn.errors import ConfigError
 from gatedattn.io import atomic_write_json, atomic_write_text, json_safe, read_json_object
 from gatedattn.precision import resolve_dtype
+from gatedattn.provenance import run_meta, say
+from gatedattn.reproduce.calibration_report import sink_score, write_calibration_report
 from gatedattn.reproduce.claims import uniform_first_token_attention
 from gatedattn.settings import apply_sets
 from gatedattn.reproduce.runner import (
-    ReproduceConfig, ensure_data, machine_description, make_step, run_one,
+    ReproduceConfig, ensure_data, make_step, run_one,
 )
 from gatedattn.timing import median_times
 
@@ -243,7 +240,7 @@ def run_lever(cfg: CalibrationConfig, lever: Lever, data_dir: Path, out: Path,
     return {
         "lever": lever.name, "what": lever.what, "sets": list(lever.sets), "steps": steps, "step_seconds": step_s,
         "tokens": run["tokens"], "seq_len": t.seq_len, "vocab_size": data.vocab_size,
-        "preset": t.preset, "n_layers": a["n_layers"], "uniform": uniform_first_token_attention(t.seq_len),
+        "preset": t.preset, "n_layers": a["n_layers"], "uniform": uniform_first_token_attention(t.seq_len - 1),
         "val_loss": a["val_loss"], "f_attn": a["f_attn"], "f_attn_per_layer": per_layer,
         "f_attn_strongest": per_layer[strongest], "strongest_layer": strongest, "sink_eps": a["sink_eps"],
         "m_act_ratio": a["m_act_ratio"], "over_training": run["over_training"], "run_dir": run["run_dir"],
@@ -252,7 +249,6 @@ def run_lever(cfg: CalibrationConfig, lever: Lever, data_dir: Path, out: Path,
 
 def run_calibration(cfg: CalibrationConfig, command: str | None = None) -> Path:
     """Train every lever; write results.json, report.md and the plot; return report.md."""
-    from gatedattn.reproduce.calibration_report import write_calibration_report  # it imports this module
 
     started = time.time()
     out = Path(cfg.out_dir)
@@ -285,13 +281,7 @@ def run_calibration(cfg: CalibrationConfig, command: str | None = None) -> Path:
                         steps=started_steps.get(lever.name))
         rows[lever.name] = {**row, "session": len(commands) + 1}
         save()
-    results["meta"] = {
-        "command": command,
-        "machine": machine_description(), "python": platform.python_version(), "torch": torch.__version__,
-        "gatedattn": __version__, "precision": resolve_dtype("auto", "cpu").as_dict(),
-        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "duration_min": (time.time() - started) / 60,
-    }
+    results["meta"] = {**run_meta(command, started), "precision": resolve_dtype("auto", "cpu").as_dict()}
     results["ranking"] = rank(results["levers"])
     results["main_default"] = main_default_lever(cfg)
     atomic_write_json(out / "results.json", json_safe(results))
@@ -312,12 +302,6 @@ def main_default_lever(cfg: CalibrationConfig) -> str | None:
     return None
 
 
-def sink_score(row: dict[str, Any]) -> float:
-    """How strong a lever's baseline sink is, comparable across context lengths: F-Attn
-    of its strongest layer as a multiple of the uniform value."""
-    return row["f_attn_strongest"] / row["uniform"]
-
-
 def rank(rows: list[dict[str, Any]]) -> list[str]:
     """Lever names, strongest sink first (Sink^eps, then the strongest layer's F-Attn
     relative to uniform attention)."""
@@ -325,4 +309,4 @@ def rank(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _say(msg: str) -> None:
-    print(f"[calibrate] {msg}", file=sys.stderr, flush=True)
+    say("calibrate", msg)

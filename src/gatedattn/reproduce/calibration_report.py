@@ -7,7 +7,12 @@ from typing import Any
 
 from gatedattn.analysis.plots import plot_sink_calibration
 from gatedattn.io import atomic_write_text
-from gatedattn.reproduce.calibration import sink_score
+
+
+def sink_score(row: dict[str, Any]) -> float:
+    """How strong a lever's baseline sink is, comparable across context lengths: F-Attn
+    of its strongest layer as a multiple of the uniform value."""
+    return row["f_attn_strongest"] / row["uniform"]
 
 
 def calibration_series(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from gatedattn.fmt import fmt_mean_std as _fmt
 from gatedattn.analysis.metrics import differs_beyond_noise
+from gatedattn.reproduce.rank_sweep import lowrank_outcome
 
 HELD, NOT_HELD, NOT_MEASURABLE = "held", "did not hold", "not measurable"
 # Sink and massive-activation claims need the gated value at most this share of the
@@ -42,6 +43,7 @@ MASSIVE_RATIO = 100.0  # massive activations: baseline M-Act / median >= 100 (Su
 NOISE_K = 2.0  # timing: the mean overhead must be this many standard errors from 0
 MIN_TIMING_ROUNDS = 3
 OVERHEAD_LIMIT = 0.02  # the paper: the gate costs under 2 % wall time
+SPARSE_GATE = 0.35  # sigmoid(0) = 0.5 at initialisation; sparse is well below it, as in the paper (0.12-0.34)
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,7 @@ def _gate_sparse(variant: str) -> Callable[[dict], Verdict]:
             return Verdict(NOT_MEASURABLE, f"`{variant}` was not part of this run")
         low = _metric(results, variant, "gate_frac_below_0.01")
         text = f"mean gate score {_fmt(m)}" + (f", {100 * low['mean']:.1f} % of scores < 0.01" if low else "")
-        # sigmoid(0) = 0.5 at initialisation; sparse means well below it, as in the paper (0.12-0.34)
-        return Verdict(HELD if m["mean"] < 0.35 else NOT_HELD, text)
+        return Verdict(HELD if m["mean"] < SPARSE_GATE else NOT_HELD, text)
 
     return judge
 
@@ -318,7 +319,6 @@ def _lowrank_sweep(results: dict, sweep: dict) -> Verdict:
     """From the rank sweep: the cheapest d_int whose gate costs at most LOWRANK_SHARE of
     G1's; held when its loss is no worse than gated's (within the gated runs' seed noise
     where several seeds ran)."""
-    from gatedattn.reproduce.rank_sweep import lowrank_outcome
 
     rows = lowrank_outcome(sweep)
     if not rows:

@@ -10,7 +10,11 @@ from typing import Callable
 
 from gatedattn.errors import ConfigError
 from gatedattn.precision import DTYPES
-from gatedattn.reproduce.runner import ReproduceConfig, reproduce
+from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
+from gatedattn.reproduce.mechanism import MechanismConfig
+from gatedattn.reproduce.mechanism_calibration import MechCalibrationConfig, run_mechanism_calibration
+from gatedattn.reproduce.mechanism_report import run_study
+from gatedattn.reproduce.runner import ReproduceConfig, reproduce, rewrite_report
 from gatedattn.io import check_writable
 from gatedattn.settings import apply_sets, help_text, parse_list
 
@@ -23,8 +27,6 @@ def _list_of(kind: type, flag: str):
 
 
 def _run_mechanism(args: argparse.Namespace) -> int:
-    from gatedattn.reproduce.mechanism import MechanismConfig, run_study
-
     given = {"variants": args.variants, "seeds": args.seeds, "steps": args.steps, "seq_len": args.seq_len,
              "micro_batch": args.batch_size, "lr": args.lr, "workers": args.workers, "out_dir": args.out,
              "progress": not args.quiet}
@@ -39,8 +41,6 @@ def _run_mechanism(args: argparse.Namespace) -> int:
 
 
 def _run_calibration(args: argparse.Namespace) -> int:
-    from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
-
     given = {"levers": args.levers, "minutes_per_run": args.budget_minutes, "steps": args.steps,
              "data_dir": args.data, "out_dir": args.out, "base_sets": tuple(args.set or ()),
              "progress": not args.quiet}
@@ -52,8 +52,6 @@ def _run_calibration(args: argparse.Namespace) -> int:
 
 
 def _run_mechanism_calibration(args: argparse.Namespace) -> int:
-    from gatedattn.reproduce.mechanism_calibration import MechCalibrationConfig, run_mechanism_calibration
-
     given = {"levers": args.levers, "steps": args.steps, "workers": args.workers, "out_dir": args.out,
              "progress": not args.quiet}
     given = {k: v for k, v in given.items() if v is not None}
@@ -104,6 +102,9 @@ def _reproduce_config(args: argparse.Namespace) -> ReproduceConfig:
 
 def _run_reproduction(args: argparse.Namespace) -> int:
     cfg = _reproduce_config(args)
+    if args.report_only:
+        print(f"report: {rewrite_report(cfg.out_dir)}")
+        return 0
     check_writable(cfg.out_dir, "--out", kind="dir")
     print(f"report: {reproduce(cfg, command=_command())}")
     return 0
@@ -121,7 +122,8 @@ class Study:
 
 
 _REPRODUCTION_FLAGS = ("--variants", "--budget-minutes", "--steps", "--seeds", "--data", "--preset", "--seq-len",
-                       "--batch-size", "--lr", "--lrs", "--ranks", "--fold", "--dtype", "--multiples", "--set")
+                       "--batch-size", "--lr", "--lrs", "--ranks", "--fold", "--dtype", "--multiples", "--set",
+                       "--report-only")
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("main", "the main job: the mechanism study, then natural text", (*_REPRODUCTION_FLAGS, "--no-mechanism"),
           _run_reproduction),
@@ -190,6 +192,9 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the reproduction or its training (repeatable; keys below)")
     p.add_argument("--no-mechanism", action="store_true",
                    help="the main job without its first part (the Bigram-Backcopy mechanism study): natural text only")
+    p.add_argument("--report-only", action="store_true",
+                   help="main, lr, rank: write report.md and the plots again from --out's results.json (no training; "
+                        "the claims judged anew)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run, parser_flags=tuple(a.option_strings[-1] for a in p._actions

@@ -13,17 +13,15 @@ Layout of ``out``::
     out/data/                       the generated task (a prepared data directory)
     out/runs/<variant>-L<depth>-s<seed>/   each run (the trainer's files, mechanism.json)
 
-A second call with the same ``out`` reuses finished runs.
+A second call with the same ``out`` reuses finished runs. The study's entry point with
+its report is :func:`gatedattn.reproduce.mechanism_report.run_study`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import math
-import platform
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -32,10 +30,10 @@ from typing import Any
 
 import torch
 
-from gatedattn import __version__
-from gatedattn.analysis.metrics import mean_std
+from gatedattn.analysis.metrics import seed_stat
+from gatedattn.analysis.registry import MECHANISM_METRICS, keys
 from gatedattn.data.backcopy import BigramBackcopy
-from gatedattn.errors import ConfigError, Interrupted, check_choice
+from gatedattn.errors import ConfigError, Interrupted
 from gatedattn.fmt import fmt_mean_std as _fmt
 from gatedattn.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce.claims import (
@@ -43,8 +41,9 @@ from gatedattn.reproduce.claims import (
     uniform_first_token_attention,
 )
 from gatedattn.model import GatedLM
+from gatedattn.provenance import run_meta, say
 from gatedattn.reproduce.mechanism_probe import measure
-from gatedattn.settings import option
+from gatedattn.settings import build, check_options, option
 from gatedattn.train import ModelRecipe, TrainConfig, train
 
 STUDY_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga-lowrank")
@@ -52,18 +51,12 @@ GATED = ("gated", "gated-headwise", "hyga-lowrank")
 ANALYSIS_SEED = 10_000  # analysis sequences are drawn apart from the training data
 CURVE_KEYS = ("bos_attn_ordinary", "bos_attn_trigger", "prev_attn_trigger", "gate_ordinary", "gate_trigger",
               "sink_mass_ordinary", "loss_copy", "loss_bigram", "resid_norm_bos", "value_norm_bos", "value_norm_other")
-SUMMARY_KEYS = ("bos_attn_ordinary", "bos_attn_trigger", "prev_attn_trigger", "sink_mass_ordinary",
-                "sink_mass_trigger", "f_attn", "sink_eps", "value_norm_bos", "value_norm_other", "resid_norm_bos",
-                "resid_norm_other", "m_act", "m_act_ratio", "gate_trigger", "gate_ordinary", "loss_copy",
-                "loss_bigram", "bigram_floor", "uniform_bos_attn_ordinary")
+SUMMARY_KEYS = keys(MECHANISM_METRICS)
 
 
 POSITIONS = {"rope": 1.0, "partial-rope": 0.5, "learned": 0.0}  # name -> share of each head's channels that rotate
 NORMS = ("layer", "rms")
 SCHEDULES = ("constant", "cosine")
-_POSITIVE = ("seeds", "steps", "seq_len", "micro_batch", "d_model", "evals", "analysis_sequences", "workers",
-             "n_chars", "n_triggers", "train_tokens")
-
 
 @dataclass(frozen=True)
 class MechanismConfig:
@@ -78,33 +71,34 @@ class MechanismConfig:
     bias, q/k/v biases, untied embeddings drawn from N(0, 1), AdamW with beta2 0.99 at a
     constant learning rate, no clipping, and a fresh stream of text for every step."""
 
-    variants: tuple[str, ...] = option(("baseline", "gated", "sink"), help="variants at the first depth")
-    depths: tuple[int, ...] = option((1, 2), help="layer counts; the deeper ones train only deep_variants")
-    deep_variants: tuple[str, ...] = option(("baseline", "gated"), help="variants trained at the deeper depths")
-    seeds: int = option(3, help="seeds of every (variant, depth)")
-    steps: int = option(1200, help="optimizer steps of every run")
-    seq_len: int = option(64, help="tokens per sequence after BOS")
-    micro_batch: int = option(32, help="sequences per step")
-    d_model: int = option(64, help="width (one head of d_model channels; the MLP is twice as wide)")
-    positions: str = option("learned", help="position encoding: " + ", ".join(POSITIONS) +
+    variants: tuple[str, ...] = option(("baseline", "gated", "sink"), choices=STUDY_VARIANTS,
+                                       help="variants at the first depth")
+    depths: tuple[int, ...] = option((1, 2), ge=1, help="layer counts; the deeper ones train only deep_variants")
+    deep_variants: tuple[str, ...] = option(("baseline", "gated"), choices=STUDY_VARIANTS, help="variants trained at the deeper depths")
+    seeds: int = option(3, gt=0, help="seeds of every (variant, depth)")
+    steps: int = option(1200, gt=0, help="optimizer steps of every run")
+    seq_len: int = option(64, gt=0, help="tokens per sequence after BOS")
+    micro_batch: int = option(32, gt=0, help="sequences per step")
+    d_model: int = option(64, gt=0, help="width (one head of d_model channels; the MLP is twice as wide)")
+    positions: str = option("learned", choices=tuple(POSITIONS), help="position encoding: " + ", ".join(POSITIONS) +
                             " (learned absolute positions, GPT-2 style, with no rotation)")
-    norm: str = option("layer", help="layer (LayerNorm with bias) or rms (RMSNorm)")
+    norm: str = option("layer", choices=NORMS, help="layer (LayerNorm with bias) or rms (RMSNorm)")
     qkv_bias: bool = option(True, help="biases on the q/k/v projections")
     tie_embeddings: bool = option(False, help="the LM head shares the token embedding")
-    embed_std: float = option(1.0, help="standard deviation of the initial embeddings")
-    lr: float = option(3e-3, help="peak learning rate")
-    schedule: str = option("constant", help="after warm-up: constant, or cosine down to a tenth")
-    warmup_steps: int = option(30, help="linear warm-up steps")
-    beta2: float = option(0.99, help="AdamW beta2 (beta1 0.9)")
-    weight_decay: float = option(1e-4, help="AdamW weight decay")
-    grad_clip: float = option(0.0, help="gradient-norm clipping (0: none)")
-    train_tokens: int = option(1 << 22, help="length of the generated training stream; at least the tokens a "
+    embed_std: float = option(1.0, gt=0, help="standard deviation of the initial embeddings")
+    lr: float = option(3e-3, gt=0, help="peak learning rate")
+    schedule: str = option("constant", choices=SCHEDULES, help="after warm-up: constant, or cosine down to a tenth")
+    warmup_steps: int = option(30, ge=0, help="linear warm-up steps")
+    beta2: float = option(0.99, gt=0, lt=1, help="AdamW beta2 (beta1 0.9)")
+    weight_decay: float = option(1e-4, ge=0, help="AdamW weight decay")
+    grad_clip: float = option(0.0, ge=0, help="gradient-norm clipping (0: none)")
+    train_tokens: int = option(1 << 22, gt=0, help="length of the generated training stream; at least the tokens a "
                                              "run trains keeps every window fresh text, less re-reads it")
-    n_chars: int = option(24, help="characters of the language (the bigram table's size)")
-    n_triggers: int = option(3, help="trigger characters (the most frequent after the space)")
-    evals: int = option(10, help="measurements along training (the curves)")
-    analysis_sequences: int = option(256, help="sequences of the final measurement")
-    workers: int = option(2, help="runs trained at a time (one thread each)")
+    n_chars: int = option(24, gt=0, help="characters of the language (the bigram table's size)")
+    n_triggers: int = option(3, gt=0, help="trigger characters (the most frequent after the space)")
+    evals: int = option(10, gt=0, help="measurements along training (the curves)")
+    analysis_sequences: int = option(256, gt=0, help="sequences of the final measurement")
+    workers: int = option(2, gt=0, help="runs trained at a time (one thread each)")
     out_dir: str = option("runs/reproduce-mechanism", help="output directory")
     progress: bool = option(True, help="progress messages")
 
@@ -112,27 +106,11 @@ class MechanismConfig:
         own = "MechanismConfig"
         for name in ("variants", "deep_variants", "depths"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        for name in ("variants", "deep_variants"):
-            for v in getattr(self, name):
-                check_choice(own, name, v, STUDY_VARIANTS)
-        if not self.variants:
-            raise ConfigError(f"{own}.variants is empty; choose from {', '.join(STUDY_VARIANTS)}")
+        check_options(self)
+        if not self.variants or not self.depths:
+            raise ConfigError(f"{own}.variants and depths must not be empty")
         if "baseline" not in self.variants:
             raise ConfigError(f"{own}.variants must include 'baseline' (every claim compares against it)")
-        if not self.depths or any(not isinstance(d, int) or d < 1 for d in self.depths):
-            raise ConfigError(f"{own}.depths={self.depths} must be layer counts >= 1")
-        for name in _POSITIVE:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{own}.{name}={getattr(self, name)!r} must be > 0")
-        check_choice(own, "positions", self.positions, tuple(POSITIONS))
-        check_choice(own, "norm", self.norm, NORMS)
-        check_choice(own, "schedule", self.schedule, SCHEDULES)
-        if self.lr <= 0 or self.embed_std <= 0:
-            raise ConfigError(f"{own}: lr={self.lr} and embed_std={self.embed_std} must be > 0")
-        if self.weight_decay < 0 or self.warmup_steps < 0 or self.grad_clip < 0:
-            raise ConfigError(f"{own}: weight_decay, warmup_steps and grad_clip must be >= 0")
-        if not 0 < self.beta2 < 1:
-            raise ConfigError(f"{own}.beta2={self.beta2} must be in (0, 1)")
         if self.train_tokens < self.seq_len + 1:
             raise ConfigError(f"{own}.train_tokens={self.train_tokens} must exceed seq_len={self.seq_len}")
 
@@ -165,11 +143,7 @@ class MechanismConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MechanismConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"MechanismConfig has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
-        return cls(**data)
+        return build(cls, data)
 
     def describe(self) -> str:
         """The recipe in words (the report's setup row)."""
@@ -299,19 +273,6 @@ def train_runs(cfg: MechanismConfig, out: Path) -> list[dict[str, Any]]:
     return records
 
 
-def run_study(cfg: MechanismConfig, command: str | None = None) -> Path:
-    """Run every training of ``cfg``, judge the claims, write the report; returns report.md."""
-    from gatedattn.reproduce.mechanism_report import write_mechanism_report
-
-    started = time.time()
-    out = Path(cfg.out_dir)
-    records = train_runs(cfg, out)
-    results = build_results(cfg, cfg.task(), records)
-    results["meta"] = _meta(cfg, command, started)
-    atomic_write_json(out / "results.json", json_safe(results))
-    return write_mechanism_report(results, out)
-
-
 RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "norm", "qkv_bias", "tie_embeddings",
                  "embed_std", "lr", "schedule", "warmup_steps", "beta2", "weight_decay", "grad_clip",
                  "train_tokens", "n_chars", "n_triggers", "evals", "analysis_sequences")
@@ -335,7 +296,7 @@ def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict
         layer = strongest_layer(by_variant.get("baseline", []))
         summary = {v: summarize([at_layer(r["final"], layer) for r in runs]) for v, runs in by_variant.items()}
         for v, runs in by_variant.items():
-            summary[v]["final_train_loss"] = _stat([r["final_loss"] for r in runs])
+            summary[v]["final_train_loss"] = seed_stat([r["final_loss"] for r in runs])
         view = {"summary": summary, "config": {"seq_len": cfg.seq_len}}
         depths[str(depth)] = {"summary": summary, "claims": judge_mechanism(view), "strongest_layer": layer,
                               "runs": {v: [{k: r[k] for k in ("seed", "curve", "final_loss", "wall_seconds", "train_seconds")}
@@ -378,15 +339,8 @@ def at_layer(final: dict[str, Any], layer: int | None) -> dict[str, Any]:
     return view
 
 
-def _stat(values: list[float | None]) -> dict[str, Any] | None:
-    if not values or any(v is None for v in values):
-        return None
-    mean, std = mean_std(values)
-    return {"mean": mean, "std": None if math.isnan(std) else std, "values": [float(v) for v in values]}
-
-
 def summarize(finals: list[dict[str, Any]]) -> dict[str, Any]:
-    return {k: _stat([f.get(k) for f in finals]) for k in SUMMARY_KEYS}
+    return {k: seed_stat([f.get(k) for f in finals]) for k in SUMMARY_KEYS}
 
 
 # ------------------------------------------------------------------------------ claims
@@ -493,7 +447,7 @@ def _selective(variant: str):
     return judge
 
 
-def _learnable_sink(results: dict) -> Verdict:
+def _sink_takes_the_role(results: dict) -> Verdict:
     shown = mechanism_sink_shown(results)
     if shown is not None:
         return Verdict(NOT_MEASURABLE, shown)
@@ -526,7 +480,7 @@ MECHANISM_CLAIMS: list[tuple[str, str, tuple[str, ...], Any]] = [
     *[(f"mech-selective-{v}", f"`{v}`'s gate opens on triggers and closes elsewhere", (v,), _selective(v))
       for v in GATED],
     ("mech-learnable-sink", "The learnable sink takes the sink's role (`sink`)", ("baseline", "sink"),
-     _learnable_sink),
+     _sink_takes_the_role),
 ]
 
 
@@ -544,18 +498,8 @@ def judge_mechanism(results: dict) -> list[dict[str, str]]:
 
 # ------------------------------------------------------------------------------ helpers
 def _say(msg: str) -> None:
-    print(f"[mechanism] {msg}", file=sys.stderr, flush=True)
+    say("mechanism", msg)
 
 
-def _meta(cfg: MechanismConfig, command: str | None, started: float) -> dict[str, Any]:
-    from gatedattn.reproduce.runner import machine_description
-    from gatedattn.train.rundir import code_version, describe_code_version
-
-    return {
-        "command": command or "gatedattn reproduce --study mechanism",
-        "machine": machine_description(), "python": platform.python_version(), "torch": torch.__version__,
-        "gatedattn": __version__, "code_version": describe_code_version(code_version()),
-        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "duration_min": (time.time() - started) / 60,
-    }
-
+def study_meta(command: str | None, started: float) -> dict[str, Any]:
+    return run_meta(command or "gatedattn reproduce --study mechanism", started)

@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from gatedattn.analysis import plots
+from gatedattn.analysis.metrics import seed_stat
 from gatedattn.errors import ConfigError
 from gatedattn.fmt import fmt_mean_std
 from gatedattn.io import atomic_write_json, atomic_write_text, json_safe
 from gatedattn.reproduce.mechanism import (
-    REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, _meta, _say, _stat, ensure_task_data, run_one,
+    REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, _say, ensure_task_data, run_one, study_meta,
 )
-from gatedattn.settings import option
+from gatedattn.settings import check_options, option
 
 VARIANTS = ("baseline", "gated", "sink")
 ANCHOR = ("Guo et al.'s own Bigram-Backcopy runs (1 layer, d_model 256, learned positions, LayerNorm, untied "
@@ -90,40 +91,33 @@ QUICK_LEVERS = ("default", "rope")
 class MechCalibrationConfig:
     """A calibration of the mechanism recipe (see the module docstring)."""
 
-    levers: tuple[str, ...] = option(LEVER_NAMES, help="levers to measure (names from LEVERS)")
-    steps: int = option(1200, help="optimizer steps of every run")
-    evals: int = option(12, help="measurements along training")
-    finalists: int = option(3, help="levers besides the default that get finalist_seeds seeds (largest sinks)")
-    finalist_seeds: int = option(3, help="seeds of the default and the finalists")
-    workers: int = option(2, help="runs trained at a time (one thread each)")
+    levers: tuple[str, ...] = option(LEVER_NAMES, choices=LEVER_NAMES, help="levers to measure (names from LEVERS)")
+    steps: int = option(1200, gt=0, help="optimizer steps of every run")
+    evals: int = option(12, gt=0, help="measurements along training")
+    finalists: int = option(3, ge=0, help="levers besides the default that get finalist_seeds seeds (largest sinks)")
+    finalist_seeds: int = option(3, gt=0, help="seeds of the default and the finalists")
+    workers: int = option(2, gt=0, help="runs trained at a time (one thread each)")
     out_dir: str = option("runs/mechanism-calibration", help="output directory")
+    quick_recipe: bool = option(False, help="every lever with small batches and stream (the --quick smoke run)")
     progress: bool = option(True, help="progress messages")
 
     def __post_init__(self) -> None:
-        own = "MechCalibrationConfig"
         object.__setattr__(self, "levers", tuple(self.levers))
+        check_options(self)
         if not self.levers:
-            raise ConfigError(f"{own}.levers is empty; choose from {', '.join(LEVER_NAMES)}")
-        for name in self.levers:
-            if name not in LEVER_NAMES:
-                raise ConfigError(f"{own}.levers: unknown lever {name!r}; known levers: {', '.join(LEVER_NAMES)}")
-        for name in ("steps", "evals", "finalist_seeds", "workers"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{own}.{name}={getattr(self, name)!r} must be > 0")
-        if self.finalists < 0:
-            raise ConfigError(f"{own}.finalists={self.finalists} must be >= 0")
+            raise ConfigError(f"MechCalibrationConfig.levers is empty; choose from {', '.join(LEVER_NAMES)}")
 
     @classmethod
     def quick(cls, **changes: Any) -> "MechCalibrationConfig":
-        base = dict(levers=QUICK_LEVERS, steps=100, evals=2, finalists=0, finalist_seeds=1, workers=1,
+        base = dict(levers=QUICK_LEVERS, steps=60, evals=2, finalists=0, finalist_seeds=1, workers=1, quick_recipe=True,
                     out_dir="runs/mechanism-calibration-quick")
         return cls(**{**base, **changes})
 
     def lever_config(self, lever: MechLever, seeds: int) -> MechanismConfig:
         base = MechanismConfig(variants=VARIANTS, depths=(1,), deep_variants=(), seeds=seeds, steps=self.steps,
                                evals=self.evals, workers=1, progress=False)
-        if self.steps < 500:  # a quick run: a small stream and a short measurement
-            base = base.replace(train_tokens=1 << 18, analysis_sequences=32, warmup_steps=10)
+        if self.quick_recipe:  # the smoke run: small batches, a small stream and a short measurement
+            base = base.replace(micro_batch=8, train_tokens=1 << 16, analysis_sequences=16, warmup_steps=10)
         return base.replace(**dict(lever.changes))
 
     def chosen(self) -> list[MechLever]:
@@ -171,7 +165,7 @@ def lever_row(lever: MechLever, lcfg: MechanismConfig, records: list[dict]) -> d
     """One lever's figures: per variant the final measurements (mean, std, per seed), the
     baseline's tokens to BOS attention 0.5, the removal ratios and curves."""
     by_variant = {v: sorted((r for r in records if r["variant"] == v), key=lambda r: r["seed"]) for v in VARIANTS}
-    fin = {v: {k: _stat([r["final"].get(k) for r in runs]) for k in
+    fin = {v: {k: seed_stat([r["final"].get(k) for r in runs]) for k in
                ("bos_attn_ordinary", "sink_mass_ordinary", "gate_ordinary", "gate_trigger", "value_norm_bos",
                 "value_norm_other", "resid_norm_bos", "resid_norm_other", "uniform_bos_attn_ordinary")}
            for v, runs in by_variant.items() if runs}
@@ -235,7 +229,7 @@ def run_mechanism_calibration(cfg: MechCalibrationConfig, command: str | None = 
     results = {"study": "calibrate-mechanism", "config": dataclasses.asdict(cfg), "finalists": finalists,
                "rows": list(rows.values()), "anchor": ANCHOR,
                "recipe": cfg.lever_config(LEVERS[0], cfg.finalist_seeds).describe(),
-               "meta": _meta(MechanismConfig(), command or "gatedattn reproduce --study calibrate-mechanism", started)}
+               "meta": study_meta(command or "gatedattn reproduce --study calibrate-mechanism", started)}
     atomic_write_json(out / "results.json", json_safe(results))
     return write_mechanism_calibration_report(results, out)
 

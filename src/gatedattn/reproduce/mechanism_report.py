@@ -1,38 +1,20 @@
-"""The mechanism study's report: its section (tables, claims, plots) and a standalone page."""
+"""The mechanism study's report: its section (tables, claims, plots), a standalone page,
+and ``run_study`` (``gatedattn reproduce --study mechanism``: train, judge, write)."""
 
 from __future__ import annotations
 
-import math
+import time
 from pathlib import Path
 
 from gatedattn.analysis import plots
-from gatedattn.io import atomic_write_text
-from gatedattn.reproduce.mechanism import DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig
+from gatedattn.analysis.registry import MECHANISM_METRICS, columns
+from gatedattn.fmt import fmt_cell
+from gatedattn.io import atomic_write_json, atomic_write_text, json_safe
+from gatedattn.reproduce.mechanism import (
+    DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, build_results, study_meta, train_runs,
+)
 
-COLUMNS = [  # (summary key, header, digits)
-    ("bos_attn_ordinary", "BOS attn, ordinary", 3),
-    ("bos_attn_trigger", "BOS attn, trigger", 3),
-    ("prev_attn_trigger", "prev-token attn, trigger", 3),
-    ("sink_mass_ordinary", "learnable sink, ordinary", 3),
-    ("f_attn", "F-Attn", 3),
-    ("sink_eps", "Sink^ε", 2),
-    ("value_norm_bos", "‖v‖ BOS", 2),
-    ("value_norm_other", "‖v‖ other", 2),
-    ("resid_norm_bos", "‖h‖ BOS", 1),
-    ("resid_norm_other", "‖h‖ other", 1),
-    ("m_act_ratio", "M-Act / median", 1),
-    ("gate_trigger", "gate, trigger", 3),
-    ("gate_ordinary", "gate, ordinary", 3),
-    ("loss_copy", "loss, copy", 3),
-    ("loss_bigram", "loss, bigram", 3),
-]
-
-
-def _cell(m: dict | None, digits: int) -> str:
-    if not m or m.get("mean") is None or not math.isfinite(m["mean"]):
-        return "–"
-    std = m.get("std")
-    return f"{m['mean']:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None and math.isfinite(std) else "")
+COLUMNS = columns(MECHANISM_METRICS)
 
 
 def _seed_curves(runs: list[dict], key: str) -> list[dict[str, list[float]]]:
@@ -90,11 +72,11 @@ def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool
             lines.append("")
         lines += ["| variant | " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
         for v, s in block["summary"].items():
-            lines.append(f"| `{v}` | " + " | ".join(_cell(s.get(k), d) for k, _, d in COLUMNS) + " |")
+            lines.append(f"| `{v}` | " + " | ".join(fmt_cell(s.get(k), d) for k, _, d in COLUMNS) + " |")
         floor = next((s.get("bigram_floor") for s in block["summary"].values() if s.get("bigram_floor")), None)
         lines += ["", f"Mean ± std over {cfg['seeds']} seed(s), on {cfg['analysis_sequences']} sequences drawn apart "
                   f"from the training data. The lowest possible bigram loss (the entropy of the true bigram rows) is "
-                  f"{_cell(floor, 3)}; the copy loss can reach 0.", ""]
+                  f"{fmt_cell(floor, 3)}; the copy loss can reach 0.", ""]
         for name, file in made.items():
             if name.endswith(f"_L{depth}"):
                 what = "BOS attention" if name.startswith("bos") else "Gate score"
@@ -148,3 +130,14 @@ def write_mechanism_report(results: dict, out: str | Path) -> Path:
     lines += ["## Reproduce", "", "```bash", meta["command"], "```", "",
               "Every figure above comes from `results.json` beside this report.", ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))
+
+
+def run_study(cfg: MechanismConfig, command: str | None = None) -> Path:
+    """Run every training of ``cfg``, judge the claims, write the report; returns report.md."""
+    started = time.time()
+    out = Path(cfg.out_dir)
+    records = train_runs(cfg, out)
+    results = build_results(cfg, cfg.task(), records)
+    results["meta"] = study_meta(command, started)
+    atomic_write_json(out / "results.json", json_safe(results))
+    return write_mechanism_report(results, out)

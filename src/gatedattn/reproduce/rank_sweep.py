@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from gatedattn.analysis.plots import plot_loss_vs_cost
-from gatedattn.data import TokenData
 
 SWEPT = "hyga-lowrank"
 REFERENCE = "gated"
@@ -31,26 +30,6 @@ def with_rank(cfg, d_int: int | None):
 
 def points(cfg) -> list[tuple[str, int | None]]:
     return [(REFERENCE, None), *((SWEPT, r) for r in cfg.ranks)]
-
-
-def rank_sweep(cfg, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
-    """Train every sweep point for the same steps; return the rows of the sweep."""
-    from gatedattn.reproduce.runner import gate_costs, plan_steps, run_one
-
-    probe = dataclasses.replace(cfg, variants=(REFERENCE, SWEPT))
-    steps, _ = plan_steps(probe, data, cfg.seeds, counts={REFERENCE: 1, SWEPT: len(cfg.ranks)})
-    rows = []
-    for variant, d_int in points(cfg):
-        run_cfg = dataclasses.replace(with_rank(cfg, d_int), multiples=())
-        costs = gate_costs(run_cfg, data, [variant])[variant]
-        for seed in range(cfg.seeds):
-            tag = f"{variant}-s{seed}" + (f"-d{d_int}" if d_int is not None else "")
-            run = run_one(run_cfg, data_dir, data, variant, seed, steps, out, tag=tag)
-            analysis = run.get("analysis") or {}
-            rows.append({"variant": variant, "d_int": d_int, "seed": seed, "steps": run["steps"],
-                         "val_loss": analysis.get("val_loss", math.nan), "f_attn": analysis.get("f_attn"),
-                         "diverged": run["diverged"], **costs})
-    return {"steps": steps, "rows": rows}
 
 
 def _mean_rows(sweep: dict[str, Any]) -> list[dict[str, Any]]:

@@ -8,37 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from gatedattn.analysis import plots
+from gatedattn.analysis.registry import TEXT_METRICS, columns
+from gatedattn.fmt import fmt_cell
 from gatedattn.io import atomic_write_text
 from gatedattn.reproduce.mechanism import MechanismConfig
 from gatedattn.reproduce.mechanism_report import mechanism_section
-from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, SINK_OVER_UNIFORM, first_unstable_lr, judge_all
+from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM, first_unstable_lr, judge_all
 from gatedattn.reproduce.rank_sweep import rank_section
 
 # A report section: (results, output directory) -> markdown lines; it may write plots there.
 Section = Callable[[dict, Path], list[str]]
 
-SUMMARY_COLUMNS = [
-    ("val_loss", "val loss", 4),
-    ("val_ppl", "val PPL", 2),
-    ("f_attn", "F-Attn", 4),
-    ("sink_eps", "Sink^ε", 3),
-    ("m_act", "M-Act", 1),
-    ("m_act_ratio", "M-Act / median", 0),
-    ("gate_mean", "gate mean", 3),
-    ("gate_frac_below_0.01", "gate < 0.01", 3),
-    ("tokens_per_s", "train tokens/s", 0),
-]
-
-
-def _cell(m: dict | None, digits: int) -> str:
-    if m is None or m.get("mean") is None:
-        return "–"
-    mean, std = m["mean"], m.get("std")
-    if not math.isfinite(mean):
-        return str(mean)
-    if std is not None and math.isfinite(std):
-        return f"{mean:.{digits}f} ± {std:.{digits}f}"
-    return f"{mean:.{digits}f}"
+SUMMARY_COLUMNS = columns(TEXT_METRICS)
+OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon (hidden matrices) + AdamW"}
 
 
 def _runs(results: dict, variant: str) -> list[dict]:
@@ -152,7 +134,8 @@ def _setup_table(results: dict) -> list[str]:
         ("data", meta["data"]),
         ("model", f"`{cfg['preset']}` preset: {meta['model']}"),
         ("training", f"{cfg['steps']} steps × {cfg['batch_tokens']:,} tokens = {cfg['steps'] * cfg['batch_tokens'] / 1e6:.2f} M tokens per run, "
-                     f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, cosine), {cfg['optimizer']}, seeds {cfg['seeds']}; "
+                     f"LR {cfg['lr']:g} (warm-up {cfg['warmup_steps']}, {cfg.get('schedule', 'cosine')}), {cfg['optimizer']}, "
+                     f"seeds {cfg['seeds']}; "
                      f"{_step_plan(cfg)}"),
         *([("departures", departures)] if departures else []),
         ("precision", _precision(cfg, meta)),
@@ -191,10 +174,12 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
         lines.append(f"| {c['source']} | {c['claim']} | {c['paper']} | {c['measured']} | **{c['verdict']}** |")
     lines += [
         "",
-        "*held*: the measured difference goes the paper's way (F-Attn, Sink and M-Act claims: the gated value at most 75 % of the baseline's; beyond seed noise where several seeds ran: "
+        f"*held*: the measured difference goes the paper's way (F-Attn, Sink and M-Act claims: the gated value at most {100 * REDUCTION:.0f} % of the baseline's; beyond seed noise where several seeds ran: "
         "|Δmean| > 2·√(σ₁² + σ₂²)); *did not hold*: it goes the other way; *not measurable*: within noise, "
         "not run, or the effect needs more tokens than this budget. Sink claims are judged only where the baseline "
-        f"shows a sink (F-Attn ≥ {SINK_OVER_UNIFORM:g}× the uniform value (1/T)·Σ_{{i=1..T}} 1/(i+1) and Sink^ε > 0), "
+        f"shows a sink by the measure the claim is about (F-Attn claims: F-Attn, averaged or at the strongest layer, "
+        f"≥ {SINK_OVER_UNIFORM:g}× the uniform value (1/T)·Σ_{{i=1..T}} 1/(i+1); the Sink^ε claim: a baseline head "
+        "above ε), "
         f"massive-activation claims only where the baseline's M-Act / median ≥ {MASSIVE_RATIO:g}; the timing claim "
         "needs interleaved rounds and is not measurable within two standard errors of no difference. "
         "Paper figures come from 1.7B–15B models "
@@ -207,10 +192,10 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
     ]
     for v in variants:
         s = results["summary"][v]
-        lines.append(f"| `{v}` | " + " | ".join(_cell(s.get(k), d) for k, _, d in SUMMARY_COLUMNS) + " |")
+        lines.append(f"| `{v}` | " + " | ".join(fmt_cell(s.get(k), d) for k, _, d in SUMMARY_COLUMNS) + " |")
     timing = results.get("step_time") or {}
     if timing:
-        lines += ["", "Training step (forward, backward, AdamW; " + f"{results['config']['micro_batch']}×{results['config']['seq_len']} tokens), "
+        lines += ["", f"Training step (forward, backward, {OPTIMIZER_NAMES.get(results['config']['optimizer'], results['config']['optimizer'])}; " + f"{results['config']['micro_batch']}×{results['config']['seq_len']} tokens), "
                   "medians of interleaved rounds after training: " + ", ".join(f"`{v}` {1000 * t:.0f} ms" for v, t in timing.items()) + "."]
     lines += ["", "F-Attn: attention on token 0 (the BOS), averaged over heads, queries 1..T-1 and layers. "
               "Sink^ε: fraction of (layer, head) pairs whose mean attention on token 0 exceeds 0.3. "
@@ -275,7 +260,7 @@ def _text_intro(results: dict) -> list[str]:
     cfg = results["config"]
     tokens = cfg.get("steps", 0) * cfg.get("batch_tokens", 0)
     minutes = results.get("text_minutes")
-    lines = [f"## Part 2: natural text" + (f" ({minutes:.1f} min)" if minutes else ""), "",
+    lines = ["## Part 2: natural text" + (f" ({minutes:.1f} min)" if minutes else ""), "",
              f"**Scale:** {NATURAL_SINK_TOKENS}; each run here trained {tokens / 1e6:.2f} M tokens, so the "
              "natural-text verdicts below say what forms at this scale, not what the papers measured.", ""]
     if cfg.get("cuts"):

@@ -14,13 +14,10 @@ continue from their last checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import math
 import os
-import platform
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,33 +25,32 @@ from typing import Any, Callable
 
 import torch
 
-from gatedattn import __version__
 from gatedattn.analysis.analyze import analyze, extrapolate
-from gatedattn.analysis.metrics import mean_std
+from gatedattn.analysis.metrics import seed_stat
+from gatedattn.analysis.registry import TEXT_METRICS, keys
 from gatedattn.layer_cost import cost
 from gatedattn.data import TokenData, prepare
 from gatedattn.errors import ConfigError, Interrupted
 from gatedattn.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.model import SIZE_PRESETS, GatedLM
 from gatedattn.precision import resolve_dtype
+from gatedattn.provenance import run_meta, say
 from gatedattn.reproduce.claims import judge_all
-from gatedattn.reproduce.mechanism import MechanismConfig, build_results as mechanism_results, train_runs
-from gatedattn.reproduce.rank_sweep import rank_section, rank_sweep
+from gatedattn.reproduce.mechanism import (
+    MechanismConfig, build_results as mechanism_results, judge_mechanism, train_runs,
+)
+from gatedattn.reproduce.rank_sweep import REFERENCE, SWEPT, points, rank_section, with_rank
 from gatedattn.reproduce.report import write_report, write_study_report
 from gatedattn.timing import interleaved_times, median_times
-from gatedattn.settings import option
+from gatedattn.settings import check_options, option
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.config import ModelRecipe, has_gate
 from gatedattn.train.metrics import read_records
-from gatedattn.train.rundir import code_version, describe_code_version
 from gatedattn.train.trainer import Trainer
 from gatedattn.variants import VARIANTS
 
 STUDIES = ("main", "lr", "rank")
-SUMMARY_METRICS = (
-    "val_loss", "val_ppl", "f_attn", "sink_eps", "m_act", "m_act_ratio", "gate_mean",
-    "gate_frac_below_0.01", "gate_frac_below_0.001", "sink_mass",
-)
+SUMMARY_METRICS = keys(TEXT_METRICS, "analysis")
 
 
 def _base_train() -> TrainConfig:
@@ -92,21 +88,23 @@ class ReproduceConfig:
     preset="tiny")``); they change ``train``."""
 
     variants: tuple[str, ...] = option(("baseline", "gated"), help="attention presets to compare")
-    seeds: int = option(3, help="seeds per variant; with 2+ the report tests seed noise")
+    seeds: int = option(3, gt=0, help="seeds per variant; with 2+ the report tests seed noise")
     budget_minutes: float | None = option(20.0, help="wall-clock budget: time each variant's training step "
                                                      "first and fit the steps to it (instead of steps)")
     steps: int | None = option(None, help="fixed training steps per run (instead of budget_minutes)")
     out_dir: str = option("runs/reproduce", help="output directory")
-    evals: int = option(8, help="evaluations (with the sink metrics) per run")
-    analysis_sequences: int = option(32, help="validation sequences the final analysis reads")
-    multiples: tuple[int, ...] = option((1, 2, 4, 8), help="extrapolation lengths as multiples of the context")
-    study: str = option("main", help="main, lr (the learning-rate stability study) or rank (HyGA's low-rank "
+    evals: int = option(8, gt=0, help="evaluations (with the sink metrics) per run")
+    analysis_sequences: int = option(32, gt=0, help="validation sequences the final analysis reads")
+    multiples: tuple[int, ...] = option((1, 2, 4, 8), ge=1, help="extrapolation lengths as multiples of the context")
+    study: str = option("main", choices=STUDIES, help="main, lr (the learning-rate stability study) or rank (HyGA's low-rank "
                                      "width against gate cost)")
-    lrs: tuple[float, ...] = option((1e-3, 3e-3, 1e-2, 3e-2), help="learning-rate ladder of the lr study")
-    ranks: tuple[int, ...] = option((8, 16, 32, 64), help="inner widths d_int of hyga-lowrank in the rank study")
+    lrs: tuple[float, ...] = option((1e-3, 3e-3, 1e-2, 3e-2), gt=0, help="learning-rate ladder of the lr study")
+    ranks: tuple[int, ...] = option((8, 16, 32, 64), gt=0, help="inner widths d_int of hyga-lowrank in the rank study")
     fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
                                             "report's claims table")
-    min_steps: int = option(500, help="fewest training steps a budget-fitted run may get: below it the "
+    timing_rounds: int = option(7, ge=3, help="interleaved rounds of the step-time measurement after training "
+                                              "(the overhead claim's noise estimate needs 3 or more)")
+    min_steps: int = option(500, gt=0, help="fewest training steps a budget-fitted run may get: below it the "
                                       "reproduction steps down to a smaller preset, then to fewer seeds")
     mechanism: MechanismConfig | None = field(default_factory=MechanismConfig, metadata={
         "help": "the Bigram-Backcopy mechanism study that opens the main job (None: natural text only)",
@@ -119,13 +117,11 @@ class ReproduceConfig:
         if not isinstance(self.train, TrainConfig):
             raise ConfigError(f"{owner}.train must be a TrainConfig, got {type(self.train).__name__}")
         self._check_variants(owner)
-        if self.study not in STUDIES:
-            raise ConfigError(f"{owner}.study={self.study!r} is not allowed; choose one of {', '.join(STUDIES)}")
         if self.mechanism is not None and not isinstance(self.mechanism, MechanismConfig):
             raise ConfigError(f"{owner}.mechanism must be a MechanismConfig or None, got {type(self.mechanism).__name__}")
-        for name in ("seeds", "evals", "analysis_sequences", "min_steps"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{owner}.{name}={getattr(self, name)!r} must be > 0")
+        for name in ("lrs", "ranks", "multiples"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_options(self)
         self._check_budget(owner)
         self._check_ladders(owner)
         for variant in self.variants:  # fail now, not after an hour: each run's config is valid
@@ -142,13 +138,9 @@ class ReproduceConfig:
             raise ConfigError(f"{owner}.variants names a variant twice: {', '.join(self.variants)}")
 
     def _check_ladders(self, owner: str) -> None:
-        """The learning rates, ranks and extrapolation multiples."""
-        if any(lr <= 0 for lr in self.lrs):
-            raise ConfigError(f"{owner}.lrs must be > 0")
-        if not self.ranks or any(not isinstance(r, int) or r <= 0 for r in self.ranks):
+        """The ladders' cross-field rules (their bounds are the fields' own)."""
+        if not self.ranks or any(not isinstance(r, int) for r in self.ranks):
             raise ConfigError(f"{owner}.ranks={self.ranks} must be one or more positive integers")
-        if any(m < 1 for m in self.multiples):
-            raise ConfigError(f"{owner}.multiples={self.multiples} must all be >= 1")
         if self.train.model.lm.get("position_embedding") == "learned" and max(self.multiples, default=1) > 1:
             raise ConfigError(f"{owner}.multiples={self.multiples}: a model with position_embedding='learned' cannot "
                               "be read beyond its training context; set multiples=1")
@@ -167,7 +159,7 @@ class ReproduceConfig:
         """About a minute on a 2-core CPU: a smoke test of the whole pipeline."""
         base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, budget_minutes=None, warmup_steps=5, evals=2, seeds=1,
                     analysis_sequences=8, multiples=(1, 2), lrs=(3e-3, 3e-2), out_dir="runs/reproduce-quick",
-                    mechanism=MechanismConfig.quick(), min_steps=10)
+                    mechanism=MechanismConfig.quick(), min_steps=10, timing_rounds=3)
         return cls(**{**base, **changes})
 
     @property
@@ -241,31 +233,7 @@ def ensure_data(cfg: ReproduceConfig) -> Path:
 
 
 def _say(msg: str) -> None:
-    print(f"[reproduce] {msg}", file=sys.stderr, flush=True)
-
-
-def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {os.cpu_count()} cores, {device}, {platform.system()} {platform.release()}"
-
-
-def time_step(cfg: ReproduceConfig, variant: str, data: TokenData, repeats: int = 4, warmup: int = 2) -> float:
-    """Seconds per training step of ``variant`` here: the median of ``repeats`` calls of the
-    trainer's own ``train_step`` (forward, backward, clipping, the run's optimizer), after
-    ``warmup`` untimed ones."""
-    trainer = Trainer(cfg.train_config(variant, 0, steps=warmup + repeats), data)
-    for _ in range(warmup):
-        trainer.train_step()
-    times = sorted(trainer.train_step().seconds for _ in range(repeats))
-    return times[len(times) // 2]
+    say("reproduce", msg)
 
 
 def make_step(cfg: ReproduceConfig, variant: str, data: TokenData) -> Callable[[], None]:
@@ -409,13 +377,7 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean, std and per-seed values of every headline metric of one variant."""
-    def stat(values: list[float | None]) -> dict[str, Any] | None:
-        vals = [float("nan") if v is None else float(v) for v in values]
-        if not vals or all(v is None for v in values):
-            return None
-        mean, std = mean_std(vals)
-        return {"mean": mean, "std": None if math.isnan(std) else std, "values": vals}
-
+    stat = seed_stat
     summary: dict[str, Any] = {}
     for key in SUMMARY_METRICS:
         summary[key] = stat([r.get("analysis", {}).get(key) for r in runs])
@@ -447,9 +409,7 @@ def add_strongest_layer(results: dict[str, Any]) -> None:
     for variant, entry in results["variants"].items():
         values = [r["analysis"]["f_attn_per_layer"][layer] for r in entry["runs"] if r.get("analysis")]
         if values:
-            mean, std = mean_std(values)
-            results["summary"][variant]["f_attn_strongest"] = {
-                "mean": mean, "std": None if math.isnan(std) else std, "values": values}
+            results["summary"][variant]["f_attn_strongest"] = seed_stat(values)
 
 
 # ------------------------------------------------------------------------------ entry points
@@ -494,7 +454,8 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
     if results["variants"]:
         _say("timing training steps of each variant in interleaved rounds")
-        samples = interleaved_times({v: make_step(cfg, v, data) for v in variants_run}, repeats=7, warmup=2, per_sample=3)
+        samples = interleaved_times({v: make_step(cfg, v, data) for v in variants_run}, repeats=cfg.timing_rounds,
+                                    warmup=2, per_sample=3)
         results["step_time_samples"] = samples
         results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
     n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10)
@@ -503,14 +464,8 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
     results["meta"] = {
-        "command": command or "gatedattn reproduce" + ("" if cfg.study == "main" else f" --study {cfg.study}"),
-        "machine": machine_description(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gatedattn": __version__,
-        "code_version": describe_code_version(code_version()),
-        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "duration_min": (time.time() - started) / 60,
+        **run_meta(command or "gatedattn reproduce" + ("" if cfg.study == "main" else f" --study {cfg.study}"),
+                   started),
         "data": f"{data.manifest.source} — {data.train_tokens:,} training / {data.val_tokens:,} validation tokens, "
                 f"vocab {data.vocab_size} (byte-level BPE)",
         "model": f"{n_layers} layers, d_model {d_model}, {n_heads} heads ({n_kv} KV), SwiGLU {ffn}, "
@@ -521,6 +476,26 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     results["claims"] = judge_all(results) if results["variants"] else []
     atomic_write_json(out / "results.json", json_safe(results))
     if not results["variants"]:
+        return write_study_report(results, out)
+    return write_report(results, out, sections=[rank_section])
+
+
+def rewrite_report(out: str | Path) -> Path:
+    """``report.md`` and its plots written again from ``out/results.json``: no training and
+    no timing, the recorded numbers as they are, every claim judged anew by the current
+    rules (so a report regenerates after a change to the report or the rules)."""
+    out = Path(out)
+    path = out / "results.json"
+    if not path.is_file():
+        raise ConfigError(f"--report-only: {out} has no results.json (give the --out of a finished reproduction)")
+    results = read_json_object(path)
+    mech = results.get("mechanism")
+    for block in (mech or {}).get("depths", {}).values():
+        block["claims"] = judge_mechanism({"summary": block["summary"], "config": {"seq_len": mech["config"]["seq_len"]}})
+    if results.get("variants"):
+        results["claims"] = judge_all(results)
+    atomic_write_json(path, json_safe(results))
+    if not results.get("variants"):
         return write_study_report(results, out)
     return write_report(results, out, sections=[rank_section])
 
@@ -569,7 +544,8 @@ def fold_in(results: dict[str, Any], folds: list[tuple[str, dict[str, Any]]]) ->
 def _report_fields(t: TrainConfig) -> dict[str, Any]:
     """The training settings the report quotes, by their report names."""
     return {"preset": t.preset, "seq_len": t.seq_len, "micro_batch": t.micro_batch, "lr": t.lr,
-            "warmup_steps": t.warmup_steps, "dtype": t.dtype, "optimizer": t.optimizer, "data_dir": t.data_dir}
+            "warmup_steps": t.warmup_steps, "dtype": t.dtype, "optimizer": t.optimizer, "data_dir": t.data_dir,
+            "schedule": t.schedule}
 
 
 def gate_costs(cfg: ReproduceConfig, data: TokenData, variants: list[str]) -> dict[str, dict[str, int]]:
@@ -594,6 +570,24 @@ def lr_study(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -
             r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
             runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
     return {"steps": steps, "runs": runs, "recipe": describe_recipe(cfg.train_config("baseline", 0, steps=steps), data.vocab_size)}
+
+
+def rank_sweep(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
+    """Train every sweep point for the same steps; return the rows of the sweep."""
+    probe = dataclasses.replace(cfg, variants=(REFERENCE, SWEPT))
+    steps, _ = plan_steps(probe, data, cfg.seeds, counts={REFERENCE: 1, SWEPT: len(cfg.ranks)})
+    rows = []
+    for variant, d_int in points(cfg):
+        run_cfg = dataclasses.replace(with_rank(cfg, d_int), multiples=())
+        costs = gate_costs(run_cfg, data, [variant])[variant]
+        for seed in range(cfg.seeds):
+            tag = f"{variant}-s{seed}" + (f"-d{d_int}" if d_int is not None else "")
+            run = run_one(run_cfg, data_dir, data, variant, seed, steps, out, tag=tag)
+            analysis = run.get("analysis") or {}
+            rows.append({"variant": variant, "d_int": d_int, "seed": seed, "steps": run["steps"],
+                         "val_loss": analysis.get("val_loss", math.nan), "f_attn": analysis.get("f_attn"),
+                         "diverged": run["diverged"], **costs})
+    return {"steps": steps, "rows": rows}
 
 
 def describe_recipe(t: TrainConfig, vocab_size: int) -> str:

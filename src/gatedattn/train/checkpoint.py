@@ -29,15 +29,8 @@ import numpy as np
 import torch
 
 from gatedattn.errors import GatedAttnError
-from gatedattn.io import (
-    atomic_save_safetensors,
-    atomic_torch_save,
-    atomic_write_json,
-    atomic_write_text,
-    replace_dir,
-    temp_dir_beside,
-)
-from gatedattn.integrity import read_verified, record
+from gatedattn.integrity import atomic_save_safetensors, atomic_torch_save, read_verified, record
+from gatedattn.io import atomic_write_json, atomic_write_text, replace_dir, temp_dir_beside
 from gatedattn.model import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
 
 CKPT_DIR = "checkpoints"

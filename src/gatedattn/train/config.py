@@ -27,7 +27,7 @@ from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
 from gatedattn.errors import ConfigError, check_choice
 from gatedattn.model import SIZE_PRESETS, ModelConfig
 from gatedattn.precision import DTYPES
-from gatedattn.settings import apply_sets, option, parse_value, resolve, settings
+from gatedattn.settings import apply_sets, build, option, parse_value, resolve, settings
 from gatedattn.variants import VARIANTS
 
 OPTIMIZERS = ("adamw", "muon")
@@ -114,7 +114,7 @@ class ModelRecipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelRecipe":
-        return _build(cls, data)
+        return build(cls, data)
 
 
 def has_gate(variant: str) -> bool:
@@ -134,14 +134,6 @@ def _checked_overrides(group: str, owner: type, values: Any) -> dict[str, Any]:
         typ = known[name].type
         out[name] = parse_value(value, typ, f"{group}.{name}") if isinstance(value, str) and typ is not str else value
     return out
-
-
-def _build(cls: type, data: dict[str, Any]):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{cls.__name__} has no field {unknown[0]!r}; fields are: {', '.join(sorted(known))}")
-    return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -338,7 +330,7 @@ class TrainConfig:
             data["betas"] = tuple(data["betas"])
         if isinstance(data.get("model"), dict):
             data["model"] = ModelRecipe.from_dict(data["model"])
-        return _build(cls, data)
+        return build(cls, data)
 
     @classmethod
     def from_sets(cls, base: dict[str, Any], sets: list[str] | tuple[str, ...] = (),

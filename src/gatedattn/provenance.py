@@ -1,0 +1,58 @@
+"""Where and with what a result was made: the one home of run metadata.
+
+Every study's ``results.json`` carries ``run_meta(...)`` (the command, the machine, the
+software, the code version, when and how long) and ``bench`` records ``cpu_model()`` with
+its own timing details. Progress lines of every study go through :func:`say`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gatedattn import __version__
+from gatedattn.train.rundir import code_version, describe_code_version
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_description() -> str:
+    """One line: CPU, cores, GPU (or none), operating system."""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu_model()}, {os.cpu_count()} cores, {device}, {platform.system()} {platform.release()}"
+
+
+def run_meta(command: str, started: float) -> dict[str, Any]:
+    """The provenance of a study's results: ``command``, machine, software, code version,
+    start (UTC) and minutes since ``started`` (a ``time.time()``)."""
+    return {
+        "command": command,
+        "machine": machine_description(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gatedattn": __version__,
+        "code_version": describe_code_version(code_version()),
+        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "duration_min": (time.time() - started) / 60,
+    }
+
+
+def say(tag: str, msg: str) -> None:
+    """A progress line on stderr: ``[tag] msg``."""
+    print(f"[{tag}] {msg}", file=sys.stderr, flush=True)
