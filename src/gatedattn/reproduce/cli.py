@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from gatedattn.errors import ConfigError
 from gatedattn.precision import DTYPES
@@ -73,8 +73,8 @@ def _default_out(args: argparse.Namespace) -> str | None:
     return f"runs/reproduce-{args.study}" + ("-quick" if args.quick else "")
 
 
-def _reproduce_config(args: argparse.Namespace) -> ReproduceConfig:
-    """The ``ReproduceConfig`` of the main, lr and rank studies, from the flags and ``--set``."""
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``ReproduceConfig`` fields the flags give (a flag left out gives nothing)."""
     given = {
         "variants": args.variants, "seeds": args.seeds, "budget_minutes": args.budget_minutes,
         "steps": args.steps, "preset": args.preset, "seq_len": args.seq_len, "micro_batch": args.batch_size,
@@ -89,14 +89,23 @@ def _reproduce_config(args: argparse.Namespace) -> ReproduceConfig:
         given["steps"] = None  # the budget decides the steps
     if args.steps is not None and args.budget_minutes is None:
         given["budget_minutes"] = None  # a fixed step count replaces the default budget
+    return given
+
+
+# ReproduceConfig keys a flag sets: a flag and --set may not both give a field
+_FLAG_KEYS = {"variants": "--variants", "seeds": "--seeds", "budget_minutes": "--budget-minutes",
+              "steps": "--steps", "train.model.size": "--preset", "train.seq_len": "--seq-len",
+              "train.micro_batch": "--batch-size", "train.lr": "--lr", "lrs": "--lrs", "train.dtype": "--dtype",
+              "multiples": "--multiples", "study": "--study", "ranks": "--ranks", "fold": "--fold"}
+
+
+def _reproduce_config(args: argparse.Namespace) -> ReproduceConfig:
+    """The ``ReproduceConfig`` of the main, lr and rank studies, from the flags and ``--set``."""
+    given = _given(args)
     cfg = ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
-    # a flag and --set may not both give a field; the run's place and data come from flags only
-    flag_keys = {"variants": "--variants", "seeds": "--seeds", "budget_minutes": "--budget-minutes",
-                 "steps": "--steps", "train.model.size": "--preset", "train.seq_len": "--seq-len",
-                 "train.micro_batch": "--batch-size", "train.lr": "--lr", "lrs": "--lrs", "train.dtype": "--dtype",
-                 "multiples": "--multiples", "study": "--study", "ranks": "--ranks", "fold": "--fold"}
+    # the run's place and data come from flags only
     flags = {"out_dir": "--out", "train.data_dir": "--data",
-             **{k: f for k, f in flag_keys.items() if getattr(args, f[2:].replace("-", "_"), None) is not None}}
+             **{k: f for k, f in _FLAG_KEYS.items() if getattr(args, f[2:].replace("-", "_"), None) is not None}}
     return apply_sets(cfg, args.set or [], flags)
 
 

@@ -284,23 +284,27 @@ def recipe_of(cfg: MechanismConfig) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in RECIPE_FIELDS}
 
 
+RUN_FIELDS = ("seed", "curve", "final_loss", "wall_seconds", "train_seconds")
+
+
+def depth_block(cfg: MechanismConfig, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One depth's runs: per variant the summary at the baseline's strongest layer, the
+    claims, that layer, and each seed's curves."""
+    by_variant: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        by_variant.setdefault(r["variant"], []).append(r)
+    layer = strongest_layer(by_variant.get("baseline", []))
+    summary = {v: {**summarize([at_layer(r["final"], layer) for r in runs]),
+                   "final_train_loss": seed_stat([r["final_loss"] for r in runs])} for v, runs in by_variant.items()}
+    view = {"summary": summary, "config": {"seq_len": cfg.seq_len}}
+    return {"summary": summary, "claims": judge_mechanism(view), "strongest_layer": layer,
+            "runs": {v: [{k: r[k] for k in RUN_FIELDS} for r in runs] for v, runs in by_variant.items()}}
+
+
 def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Summaries per depth and variant (mean, std, per-seed values) and the claims."""
     n_after_bos = cfg.seq_len - 1
-    depths: dict[str, Any] = {}
-    for depth in cfg.depths:
-        by_variant: dict[str, list[dict]] = {}
-        for r in sorted(records, key=lambda r: r["seed"]):
-            if r["depth"] == depth:
-                by_variant.setdefault(r["variant"], []).append(r)
-        layer = strongest_layer(by_variant.get("baseline", []))
-        summary = {v: summarize([at_layer(r["final"], layer) for r in runs]) for v, runs in by_variant.items()}
-        for v, runs in by_variant.items():
-            summary[v]["final_train_loss"] = seed_stat([r["final_loss"] for r in runs])
-        view = {"summary": summary, "config": {"seq_len": cfg.seq_len}}
-        depths[str(depth)] = {"summary": summary, "claims": judge_mechanism(view), "strongest_layer": layer,
-                              "runs": {v: [{k: r[k] for k in ("seed", "curve", "final_loss", "wall_seconds", "train_seconds")}
-                                           for r in runs] for v, runs in by_variant.items()}}
+    depths = {str(depth): depth_block(cfg, [r for r in records if r["depth"] == depth]) for depth in cfg.depths}
     first = records[0]["final"] if records else {}
     return {
         "study": "mechanism",

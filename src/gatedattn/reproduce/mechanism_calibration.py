@@ -161,37 +161,49 @@ def _crossing(curve: dict[str, list], tokens_per_step: int, level: float) -> int
     return None
 
 
+FINAL_KEYS = ("bos_attn_ordinary", "sink_mass_ordinary", "gate_ordinary", "gate_trigger", "value_norm_bos",
+              "value_norm_other", "resid_norm_bos", "resid_norm_other", "uniform_bos_attn_ordinary")
+CURVE_KEYS = ("bos_attn_ordinary", "gate_ordinary", "gate_trigger", "sink_mass_ordinary")
+
+
+def _final_stats(by_variant: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
+    """Per variant that ran: each final measurement over seeds."""
+    return {v: {k: seed_stat([r["final"].get(k) for r in runs]) for k in FINAL_KEYS}
+            for v, runs in by_variant.items() if runs}
+
+
+def _token_curves(by_variant: dict[str, list[dict]], tokens_per_step: int) -> dict[str, list[dict]]:
+    """Per variant and seed: the curves against tokens seen."""
+    def one(curve: dict[str, list]) -> dict[str, list]:
+        return {"tokens": [s * tokens_per_step for s in curve["step"]], **{k: curve.get(k) for k in CURVE_KEYS}}
+
+    return {v: [one(r["curve"]) for r in runs] for v, runs in by_variant.items()}
+
+
 def lever_row(lever: MechLever, lcfg: MechanismConfig, records: list[dict]) -> dict[str, Any]:
     """One lever's figures: per variant the final measurements (mean, std, per seed), the
     baseline's tokens to BOS attention 0.5, the removal ratios and curves."""
     by_variant = {v: sorted((r for r in records if r["variant"] == v), key=lambda r: r["seed"]) for v in VARIANTS}
-    fin = {v: {k: seed_stat([r["final"].get(k) for r in runs]) for k in
-               ("bos_attn_ordinary", "sink_mass_ordinary", "gate_ordinary", "gate_trigger", "value_norm_bos",
-                "value_norm_other", "resid_norm_bos", "resid_norm_other", "uniform_bos_attn_ordinary")}
-           for v, runs in by_variant.items() if runs}
+    fin = _final_stats(by_variant)
     base = fin["baseline"]
     uniform = base["uniform_bos_attn_ordinary"]["mean"]
     tps = lcfg.micro_batch * lcfg.seq_len
-    crossings = [_crossing(r["curve"], tps, SINK_SHARE) for r in by_variant["baseline"]]
     sinking = base["bos_attn_ordinary"]["mean"] >= SINKING * uniform
 
     def ratio(variant: str, key: str = "bos_attn_ordinary") -> float | None:
-        if variant not in fin or fin[variant][key] is None or base["bos_attn_ordinary"]["mean"] <= 0:
-            return None
-        return fin[variant][key]["mean"] / base["bos_attn_ordinary"]["mean"]
+        other = fin.get(variant, {}).get(key)
+        return _ratio(other, base["bos_attn_ordinary"]) if other else None
 
+    gated = ratio("gated")
     return {
         "lever": lever.name, "what": lever.what, "changes": dict(lever.changes), "seeds": len(by_variant["baseline"]),
         "tokens": lcfg.tokens_per_run(), "uniform": uniform, "final": fin, "sinking": sinking,
-        "tokens_to_half": crossings, "gated_ratio": ratio("gated"), "sink_ratio": ratio("sink"),
-        "sink_mass_ratio": ratio("sink", "sink_mass_ordinary"),
+        "tokens_to_half": [_crossing(r["curve"], tps, SINK_SHARE) for r in by_variant["baseline"]],
+        "gated_ratio": gated, "sink_ratio": ratio("sink"), "sink_mass_ratio": ratio("sink", "sink_mass_ordinary"),
         "drain": _ratio(base["value_norm_bos"], base["value_norm_other"]),
         "peak": _ratio(base["resid_norm_bos"], base["resid_norm_other"]),
-        "removed": sinking and ratio("gated") is not None and ratio("gated") <= REMOVAL_RATIO,
-        "curves": {v: [{"tokens": [s * tps for s in r["curve"]["step"]], **{k: r["curve"].get(k) for k in
-                                                                             ("bos_attn_ordinary", "gate_ordinary",
-                                                                              "gate_trigger", "sink_mass_ordinary")}}
-                       for r in runs] for v, runs in by_variant.items()},
+        "removed": sinking and gated is not None and gated <= REMOVAL_RATIO,
+        "curves": _token_curves(by_variant, tps),
         "wall_seconds": sum(r["wall_seconds"] for r in records),
     }
 
@@ -211,6 +223,18 @@ def pick_finalists(rows: dict[str, dict], n: int) -> list[str]:
     return sorted((n_ for n_ in rows if n_ != "default"), key=key)[:n]
 
 
+def _finalists(cfg: MechCalibrationConfig, out: Path, levers: dict[str, MechLever], rows: dict[str, dict],
+               records: dict[str, list[dict]]) -> list[str]:
+    """Train the default and the finalists' further seeds; update their rows; their names."""
+    if cfg.finalist_seeds <= 1:
+        return []
+    finalists = [n for n in ("default",) if n in levers] + pick_finalists(rows, cfg.finalists)
+    more = _train(cfg, out, [(levers[n], s) for n in finalists for s in range(1, cfg.finalist_seeds)])
+    for n in finalists:
+        rows[n] = lever_row(levers[n], cfg.lever_config(levers[n], cfg.finalist_seeds), records[n] + more.get(n, []))
+    return finalists
+
+
 def run_mechanism_calibration(cfg: MechCalibrationConfig, command: str | None = None) -> Path:
     """Train every lever (one seed), then the default and the finalists with more seeds;
     write the table, plots and report; returns report.md."""
@@ -220,12 +244,7 @@ def run_mechanism_calibration(cfg: MechCalibrationConfig, command: str | None = 
     levers = {lv.name: lv for lv in cfg.chosen()}
     records = _train(cfg, out, [(lv, 0) for lv in levers.values()])
     rows = {n: lever_row(levers[n], cfg.lever_config(levers[n], 1), records[n]) for n in levers}
-    finalists = ([n for n in ("default",) if n in levers] + pick_finalists(rows, cfg.finalists)
-                 if cfg.finalist_seeds > 1 else [])
-    if finalists:
-        more = _train(cfg, out, [(levers[n], s) for n in finalists for s in range(1, cfg.finalist_seeds)])
-        for n in finalists:
-            rows[n] = lever_row(levers[n], cfg.lever_config(levers[n], cfg.finalist_seeds), records[n] + more[n])
+    finalists = _finalists(cfg, out, levers, rows, records)
     results = {"study": "calibrate-mechanism", "config": dataclasses.asdict(cfg), "finalists": finalists,
                "rows": list(rows.values()), "anchor": ANCHOR,
                "recipe": cfg.lever_config(LEVERS[0], cfg.finalist_seeds).describe(),
@@ -244,27 +263,38 @@ def _mean_curve(runs: list[dict], key: str) -> tuple[list[float], list[float]]:
     return x, [sum(col) / len(col) for col in zip(*ys)]
 
 
-def write_mechanism_calibration_report(results: dict[str, Any], out: Path) -> Path:
-    rows = results["rows"]
-    made = []
+def _calibration_plots(rows: list[dict[str, Any]], out: Path) -> list[tuple[str, str]]:
+    """The curves per lever and the removal ratios of the sinking levers; (caption, file)."""
+    with_gate = [r for r in rows if r["curves"].get("gated")]
     bos = {r["lever"]: _mean_curve(r["curves"]["baseline"], "bos_attn_ordinary") for r in rows}
-    gated = {r["lever"]: _mean_curve(r["curves"]["gated"], "bos_attn_ordinary") for r in rows if r["curves"].get("gated")}
-    gate = {r["lever"]: _mean_curve(r["curves"]["gated"], "gate_ordinary") for r in rows if r["curves"].get("gated")}
+    gated = {r["lever"]: _mean_curve(r["curves"]["gated"], "bos_attn_ordinary") for r in with_gate}
+    gate = {r["lever"]: _mean_curve(r["curves"]["gated"], "gate_ordinary") for r in with_gate}
     half = {SINK_SHARE: f"BOS attention {SINK_SHARE:g}"}
     plots.plot_panels_over_tokens(
         [("baseline: BOS attention, ordinary positions", "attention on BOS", bos, half),
          ("gated: BOS attention, ordinary positions", "attention on BOS", gated, half),
          ("gated: gate score, ordinary positions", "mean gate score", gate, {})],
         out / "calibration_curves.png", "Mechanism recipe levers over training (seed means)")
-    made.append(("BOS attention and gate score over training, per lever", "calibration_curves.png"))
+    made = [("BOS attention and gate score over training, per lever", "calibration_curves.png")]
+    return made + _removal_plot([r for r in rows if r["sinking"]], out)
+
+
+def _removal_plot(sinking: list[dict[str, Any]], out: Path) -> list[tuple[str, str]]:
+    """Gated / baseline and sink / baseline BOS attention per sinking lever (none: no plot)."""
+    if not sinking:
+        return []
+    plots.plot_ratio_bars(
+        {"gated / baseline": {r["lever"]: r["gated_ratio"] for r in sinking},
+         "sink / baseline": {r["lever"]: r["sink_ratio"] for r in sinking}},
+        out / "removal_ratio.png", "BOS attention of ordinary positions relative to the baseline, sinking levers",
+        "ratio to the baseline's BOS attention", threshold=REMOVAL_RATIO)
+    return [("Removal ratio per sinking lever", "removal_ratio.png")]
+
+
+def write_mechanism_calibration_report(results: dict[str, Any], out: Path) -> Path:
+    rows = results["rows"]
+    made = _calibration_plots(rows, out)
     sinking = [r for r in rows if r["sinking"]]
-    if sinking:
-        plots.plot_ratio_bars(
-            {"gated / baseline": {r["lever"]: r["gated_ratio"] for r in sinking},
-             "sink / baseline": {r["lever"]: r["sink_ratio"] for r in sinking}},
-            out / "removal_ratio.png", "BOS attention of ordinary positions relative to the baseline, sinking levers",
-            "ratio to the baseline's BOS attention", threshold=REMOVAL_RATIO)
-        made.append(("Removal ratio per sinking lever", "removal_ratio.png"))
     meta, cfg = results["meta"], results["config"]
     n_removed = sum(r["removed"] for r in sinking)
     lines = [

@@ -32,7 +32,7 @@ from gatedattn.layer_cost import cost
 from gatedattn.data import TokenData, prepare
 from gatedattn.errors import ConfigError, Interrupted
 from gatedattn.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.model import SIZE_PRESETS, GatedLM
+from gatedattn.model import GatedLM
 from gatedattn.precision import resolve_dtype
 from gatedattn.provenance import run_meta, say
 from gatedattn.reproduce.claims import judge_all
@@ -340,24 +340,37 @@ def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str,
     }
     if not analyse or result.final_dir is None:
         return run
-    cache = run_dir / "analysis.json"  # the analysis of a finished run is kept, so a later call can reuse it
-    key = {"steps": result.steps, "analysis_sequences": cfg.analysis_sequences, "multiples": list(cfg.multiples),
-           "seq_len": tcfg.seq_len}
+    return {**run, **analyse_run(cfg, data, run_dir, result.final_dir, result.steps, tcfg.seq_len, tag)}
+
+
+def analyse_run(cfg: ReproduceConfig, data: TokenData, run_dir: Path, final_dir: str, steps: int, seq_len: int,
+                tag: str) -> dict[str, Any]:
+    """The analysis (and extrapolation) of a finished run; kept in ``analysis.json`` so that
+    a later call with the same analysis settings reuses it."""
+    cache = run_dir / "analysis.json"
+    key = {"steps": steps, "analysis_sequences": cfg.analysis_sequences, "multiples": list(cfg.multiples),
+           "seq_len": seq_len}
     if cache.is_file():
         saved = read_json_object(cache)
         if saved.get("key") == key:
             _say(f"reusing the analysis of {tag}")
-            return {**run, **saved["run"]}
-    model = GatedLM.from_pretrained(result.final_dir)
-    n_layers = model.cfg.n_layers
-    batches = data.val_batches(seq_len=tcfg.seq_len, batch_size=8, max_batches=math.ceil(cfg.analysis_sequences / 8))
+            return saved["run"]
+    model = GatedLM.from_pretrained(final_dir)
+    batches = data.val_batches(seq_len=seq_len, batch_size=8, max_batches=math.ceil(cfg.analysis_sequences / 8))
     _say(f"analysing {tag}")
-    run["analysis"] = analyze(model, batches, layers_for_maps=[n_layers // 2])
+    found = {"analysis": analyze(model, batches, layers_for_maps=[model.cfg.n_layers // 2])}
     if cfg.multiples:
-        run["extrapolation"] = extrapolate(model, data, train_len=tcfg.seq_len, multiples=cfg.multiples,
-                                           batch_size=4)
-    atomic_write_json(cache, json_safe({"key": key, "run": {k: run[k] for k in ("analysis", "extrapolation") if k in run}}))
-    return run
+        found["extrapolation"] = extrapolate(model, data, train_len=seq_len, multiples=cfg.multiples, batch_size=4)
+    atomic_write_json(cache, json_safe({"key": key, "run": found}))
+    return found
+
+
+TRACKED = ("f_attn", "f_attn_max", "sink_eps", "m_act", "gate_mean")  # the SinkTracker's figures over training
+
+
+def _series(records: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list]:
+    """Each key's values over ``records``, skipping records without it."""
+    return {k: [r[k] for r in records if k in r] for k in keys}
 
 
 def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -366,31 +379,34 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
     eval_recs = [r for r in records if r.get("kind") == "eval"]
     tracked = [r for r in eval_recs if "f_attn" in r]
     return {
-        "curve": {"steps": [r["step"] for r in train_recs], "tokens": [r["tokens"] for r in train_recs],
-                  "loss": [r["loss"] for r in train_recs]},
-        "val_curve": {"steps": [r["step"] for r in eval_recs], "tokens": [r["tokens"] for r in eval_recs],
-                      "val_loss": [r["val_loss"] for r in eval_recs]},
-        "over_training": {"tokens": [r["tokens"] for r in tracked],
-                          **{k: [r[k] for r in eval_recs if k in r] for k in ("f_attn", "f_attn_max", "sink_eps", "m_act", "gate_mean")}},
+        "curve": {"steps": [r["step"] for r in train_recs], **_series(train_recs, ("tokens", "loss"))},
+        "val_curve": {"steps": [r["step"] for r in eval_recs], **_series(eval_recs, ("tokens", "val_loss"))},
+        "over_training": {"tokens": [r["tokens"] for r in tracked], **_series(eval_recs, TRACKED)},
     }
+
+
+def _extrapolation_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per scaling method the loss at the longest length each seed reached, and that
+    length as a multiple of the context (nothing unless every seed measured it)."""
+    ext = [r.get("extrapolation") for r in runs]
+    if not all(ext):
+        return {}
+    out: dict[str, Any] = {}
+    for method in ext[0]["methods"]:
+        longest = [next((x for x in reversed(e["methods"][method]) if x is not None), None) for e in ext]
+        out[f"ext_{method}_longest"] = seed_stat(longest)
+    first = ext[0]["methods"][next(iter(ext[0]["methods"]))]
+    done = [L for L, x in zip(ext[0]["lengths"], first) if x is not None]
+    out["ext_longest_multiple"] = done[-1] / ext[0]["train_len"] if done else None
+    return out
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean, std and per-seed values of every headline metric of one variant."""
-    stat = seed_stat
-    summary: dict[str, Any] = {}
-    for key in SUMMARY_METRICS:
-        summary[key] = stat([r.get("analysis", {}).get(key) for r in runs])
-    summary["tokens_per_s"] = stat([r["tokens_per_s"] for r in runs])
-    summary["final_train_loss"] = stat([r["final_loss"] for r in runs])
-    ext = [r.get("extrapolation") for r in runs]
-    if all(ext):
-        for method in ext[0]["methods"]:
-            longest = [next((x for x in reversed(e["methods"][method]) if x is not None), None) for e in ext]
-            summary[f"ext_{method}_longest"] = stat(longest)
-        done = [L for L, x in zip(ext[0]["lengths"], ext[0]["methods"][next(iter(ext[0]["methods"]))]) if x is not None]
-        summary["ext_longest_multiple"] = done[-1] / ext[0]["train_len"] if done else None
-    return summary
+    summary: dict[str, Any] = {key: seed_stat([r.get("analysis", {}).get(key) for r in runs]) for key in SUMMARY_METRICS}
+    summary["tokens_per_s"] = seed_stat([r["tokens_per_s"] for r in runs])
+    summary["final_train_loss"] = seed_stat([r["final_loss"] for r in runs])
+    return {**summary, **_extrapolation_summary(runs)}
 
 
 def add_strongest_layer(results: dict[str, Any]) -> None:
@@ -438,16 +454,8 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
         variants_run = ["gated", "hyga-lowrank"]
         steps = results["rank_sweep"]["steps"]
     else:
-        text_started = time.time()
-        cfg, steps, step_s, cuts = fit_plan(cfg, data)
-        results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train)}
+        cfg, steps, step_s, cuts = text_part(cfg, data_dir, data, out, results)
         variants_run = list(cfg.variants)
-        for variant in variants_run:
-            runs = [run_one(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)]
-            results["variants"][variant] = {"runs": runs}
-            results["summary"][variant] = summarize(runs)
-            atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
-        results["text_minutes"] = (time.time() - text_started) / 60
 
     add_strongest_layer(results)
     fold_in(results, folds)
@@ -458,26 +466,48 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
                                     warmup=2, per_sample=3)
         results["step_time_samples"] = samples
         results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
-    n_params = sum(p.numel() for p in GatedLM(cfg.train_config("baseline", 0, steps=10)
-                                              .model_config(data.vocab_size)).parameters())
-    n_layers, d_model, n_heads, n_kv, ffn = SIZE_PRESETS[cfg.train.preset]
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
-    results["meta"] = {
-        **run_meta(command or "gatedattn reproduce" + ("" if cfg.study == "main" else f" --study {cfg.study}"),
-                   started),
-        "data": f"{data.manifest.source} — {data.train_tokens:,} training / {data.val_tokens:,} validation tokens, "
-                f"vocab {data.vocab_size} (byte-level BPE)",
-        "model": f"{n_layers} layers, d_model {d_model}, {n_heads} heads ({n_kv} KV), SwiGLU {ffn}, "
-                 f"{n_params / 1e6:.2f} M parameters (baseline)",
-        "analysis_tokens": cfg.analysis_sequences * cfg.train.seq_len,
-        "precision": resolve_dtype(cfg.train.dtype, "cpu").as_dict(),
-    }
+    results["meta"] = _meta(cfg, data, command, started)
     results["claims"] = judge_all(results) if results["variants"] else []
     atomic_write_json(out / "results.json", json_safe(results))
     if not results["variants"]:
         return write_study_report(results, out)
     return write_report(results, out, sections=[rank_section])
+
+
+def text_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path,
+              results: dict[str, Any]) -> tuple[ReproduceConfig, int, dict[str, float], list[str]]:
+    """Part 2 of the main job: plan the steps (``fit_plan``), train and analyse every
+    variant and seed into ``results``; the config that ran, its steps, the timed step
+    seconds and what the plan cut."""
+    started = time.time()
+    cfg, steps, step_s, cuts = fit_plan(cfg, data)
+    results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train)}
+    for variant in cfg.variants:
+        runs = [run_one(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)]
+        results["variants"][variant] = {"runs": runs}
+        results["summary"][variant] = summarize(runs)
+        atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
+    results["text_minutes"] = (time.time() - started) / 60
+    return cfg, steps, step_s, cuts
+
+
+def _meta(cfg: ReproduceConfig, data: TokenData, command: str | None, started: float) -> dict[str, Any]:
+    """The provenance of a reproduction, with its data, model and precision in words."""
+    mcfg = cfg.train_config("baseline", 0, steps=10).model_config(data.vocab_size)
+    a = mcfg.attention
+    n_params = sum(p.numel() for p in GatedLM(mcfg).parameters())
+    return {
+        **run_meta(command or "gatedattn reproduce" + ("" if cfg.study == "main" else f" --study {cfg.study}"),
+                   started),
+        "data": f"{data.manifest.source} — {data.train_tokens:,} training / {data.val_tokens:,} validation tokens, "
+                f"vocab {data.vocab_size} (byte-level BPE)",
+        "model": f"{mcfg.n_layers} layers, d_model {a.d_model}, {a.n_heads} heads ({a.n_kv_heads} KV), "
+                 f"SwiGLU {mcfg.ffn_dim}, {n_params / 1e6:.2f} M parameters (baseline)",
+        "analysis_tokens": cfg.analysis_sequences * cfg.train.seq_len,
+        "precision": resolve_dtype(cfg.train.dtype, "cpu").as_dict(),
+    }
 
 
 def rewrite_report(out: str | Path) -> Path:
