@@ -85,7 +85,7 @@ def test_an_interrupted_lever_resumes_with_its_step_count(tmp_path, data_dir):
 def test_calibration_settings_are_checked_before_training(data_dir):
     from gatedattn.reproduce.calibration import CalibrationConfig, rank
 
-    with pytest.raises(ConfigError, match="unknown lever 'nope'; known levers: reference"):
+    with pytest.raises(ConfigError, match="levers='nope' is not allowed; choose one of 'reference'"):
         CalibrationConfig(levers=("nope",))
     with pytest.raises(ConfigError, match="vocab-1024 prepare their own data"):
         CalibrationConfig(levers=("reference", "vocab-1024"), data_dir=data_dir)
@@ -182,7 +182,7 @@ def test_cli_calibrate_refuses_flags_of_other_studies(capsys):
     assert main(["reproduce", "--levers", "tiny", "--quick"]) == 2
     assert "--levers do not apply to --study main; it takes --variants" in capsys.readouterr().err
     assert main(["reproduce", "--study", "calibrate", "--levers", "nope", "--quick"]) == 2
-    assert "unknown lever 'nope'" in capsys.readouterr().err
+    assert "levers='nope' is not allowed" in capsys.readouterr().err
 
 
 @pytest.mark.slow

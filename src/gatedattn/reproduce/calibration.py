@@ -40,7 +40,7 @@ from gatedattn.precision import resolve_dtype
 from gatedattn.provenance import run_meta, say
 from gatedattn.reproduce.calibration_report import sink_score, write_calibration_report
 from gatedattn.reproduce.claims import uniform_first_token_attention
-from gatedattn.settings import apply_sets
+from gatedattn.settings import apply_sets, check_options, option
 from gatedattn.reproduce.runner import (
     ReproduceConfig, ensure_data, make_step, run_one,
 )
@@ -108,30 +108,22 @@ class CalibrationConfig:
     measurements along the way. ``base_sets`` change the base recipe of every lever
     (``--set`` items of ``gatedattn reproduce``)."""
 
-    levers: tuple[str, ...] = LEVER_NAMES
-    minutes_per_run: float = 2.5
-    steps: int | None = None  # a fixed step count instead of the per-run minutes
-    evals: int = 8
-    out_dir: str = "runs/sink-calibration"
-    data_dir: str | None = None
-    base_sets: tuple[str, ...] = ()
-    quick_base: bool = False
-    progress: bool = True
+    levers: tuple[str, ...] = option(LEVER_NAMES, choices=LEVER_NAMES, help="levers to measure (names from LEVERS)")
+    minutes_per_run: float = option(2.5, gt=0, help="minutes of training steps per lever (timed here first)")
+    steps: int | None = option(None, gt=0, help="a fixed step count instead of the per-run minutes")
+    evals: int = option(8, gt=0, help="sink measurements along training")
+    out_dir: str = option("runs/sink-calibration", help="output directory")
+    data_dir: str | None = option(None, help="prepared data for the levers that do not prepare their own")
+    base_sets: tuple[str, ...] = option((), help="--set items that change every lever's base recipe")
+    quick_base: bool = option(False, help="every lever on the quick reproduction's base (the --quick smoke run)")
+    progress: bool = option(True, help="progress bars")
 
     def __post_init__(self) -> None:
         owner = "CalibrationConfig"
         object.__setattr__(self, "levers", tuple(self.levers))
+        check_options(self)
         if not self.levers:
             raise ConfigError(f"{owner}.levers is empty; choose from {', '.join(LEVER_NAMES)}")
-        for name in self.levers:
-            if name not in LEVER_NAMES:
-                raise ConfigError(f"{owner}.levers: unknown lever {name!r}; known levers: {', '.join(LEVER_NAMES)}")
-        if self.minutes_per_run <= 0:
-            raise ConfigError(f"{owner}.minutes_per_run={self.minutes_per_run} must be > 0")
-        if self.steps is not None and self.steps <= 0:
-            raise ConfigError(f"{owner}.steps={self.steps} must be > 0")
-        if self.evals <= 0:
-            raise ConfigError(f"{owner}.evals={self.evals} must be > 0")
         own = [lv.name for lv in self.chosen() if lv.own_data]
         if own and self.data_dir is not None:
             raise ConfigError(f"{owner}: levers {', '.join(own)} prepare their own data from the default corpus, "
@@ -157,6 +149,19 @@ class CalibrationConfig:
         return apply_sets(base, [*self.base_sets, *lever.sets])
 
 
+def _source_file(lever: Lever, out: Path) -> Path:
+    """The lever's default-corpus sources as one JSON-lines corpus file under ``out/data``."""
+    known = {s.name: s for s in default_sources()}
+    missing = [s for s in lever.sources if s not in known]
+    if missing:
+        raise ConfigError(f"lever {lever.name}: unknown default-corpus sources {missing}; known: {', '.join(known)}")
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    corpus_file = out / "data" / f"{lever.name}.jsonl"
+    lines = [json.dumps({"text": d.text}) for s in lever.sources for d in known[s].documents()]
+    atomic_write_text(corpus_file, "\n".join(lines) + "\n")
+    return corpus_file
+
+
 def lever_data(cfg: CalibrationConfig, lever: Lever, default_dir: Path, out: Path) -> Path:
     """The data directory of ``lever``: the shared one, or its own (prepared once)."""
     if not lever.own_data:
@@ -164,23 +169,21 @@ def lever_data(cfg: CalibrationConfig, lever: Lever, default_dir: Path, out: Pat
     path = out / "data" / lever.name
     if (path / "manifest.json").is_file():
         return path
-    inputs = None
-    if lever.sources is not None:
-        known = {s.name: s for s in default_sources()}
-        missing = [s for s in lever.sources if s not in known]
-        if missing:
-            raise ConfigError(f"lever {lever.name}: unknown default-corpus sources {missing}; known: {', '.join(known)}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        corpus_file = out / "data" / f"{lever.name}.jsonl"
-        lines = [json.dumps({"text": d.text}) for s in lever.sources for d in known[s].documents()]
-        atomic_write_text(corpus_file, "\n".join(lines) + "\n")
-        inputs = [corpus_file]
+    inputs = None if lever.sources is None else [_source_file(lever, out)]
     vocab = lever.vocab_size or TokenData(default_dir).vocab_size
     prepare(inputs, path, vocab_size=vocab, default_corpus=inputs is None, overwrite=True, progress=cfg.progress)
     return path
 
 
 _SAME_STUDY = ("minutes_per_run", "steps", "evals", "base_sets", "quick_base")
+
+
+def _check_same_study(before: dict[str, Any], mine: dict[str, Any], out: Path) -> None:
+    """Refuse, naming the fields, a directory written with another budget or base recipe."""
+    differ = [k for k in _SAME_STUDY if json_safe(before.get(k)) != json_safe(mine[k])]
+    if differ:
+        what = ", ".join(f"{k}: {before.get(k)!r} there, {mine[k]!r} here" for k in differ)
+        raise ConfigError(f"{out} holds a calibration with other settings ({what}); give a new --out to keep both")
 
 
 def _earlier(cfg: CalibrationConfig, out: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -190,12 +193,7 @@ def _earlier(cfg: CalibrationConfig, out: Path) -> tuple[dict[str, dict[str, Any
     if not path.is_file():
         return {}, []
     old = read_json_object(path)
-    before = old.get("config") or {}
-    mine = dataclasses.asdict(cfg)
-    differ = [k for k in _SAME_STUDY if json_safe(before.get(k)) != json_safe(mine[k])]
-    if differ:
-        what = ", ".join(f"{k}: {before.get(k)!r} there, {mine[k]!r} here" for k in differ)
-        raise ConfigError(f"{out} holds a calibration with other settings ({what}); give a new --out to keep both")
+    _check_same_study(old.get("config") or {}, dataclasses.asdict(cfg), out)
     rows = {r["lever"]: {**r, "session": r.get("session", 1)} for r in old.get("levers", [])}
     if not rows:
         return {}, []

@@ -42,23 +42,10 @@ def calibration_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
-    out = Path(out)
-    rows, meta, cfg = results["levers"], results["meta"], results["config"]
-    cmds = results.get("commands") or [meta["command"]]
-    series = calibration_series(rows)
-    if series:
-        plot_sink_calibration(series, out / "calibration.png")
-    budget = (f"{cfg['steps']} steps each" if cfg.get("steps") is not None
-              else f"{cfg['minutes_per_run']:g} minutes of training steps each (timed here first)")
+def _setup_lines(meta: dict[str, Any], cfg: dict[str, Any], cmds: list[str]) -> list[str]:
+    """The setup table: every call's command, machine, software, precision, date."""
     p = meta["precision"]
-    lines = [
-        "# gatedattn sink calibration",
-        "",
-        "When does the baseline's first-token attention sink form on natural text? Each lever changes one thing "
-        "of the recipe and trains the `baseline` alone for the same wall-clock time "
-        f"({budget}); F-Attn and Sink^ε are measured per layer during and after training.",
-        "",
+    return [
         "| | |",
         "|---|---|",
         *(f"| command{f' {i + 1}' if len(cmds) > 1 else ''} | `{c}` |" for i, c in enumerate(cmds)),
@@ -68,6 +55,26 @@ def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
         f"| date | {meta['started']} · {meta['duration_min']:.1f} min{' (the last call)' if len(cmds) > 1 else ''} |",
         *([f"| every lever also | {', '.join(f'`{x}`' for x in cfg['base_sets'])} (so a lever's setting column "
            "reads on top of these) |"] if cfg.get("base_sets") else []),
+    ]
+
+
+def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
+    out = Path(out)
+    rows, meta, cfg = results["levers"], results["meta"], results["config"]
+    cmds = results.get("commands") or [meta["command"]]
+    series = calibration_series(rows)
+    if series:
+        plot_sink_calibration(series, out / "calibration.png")
+    budget = (f"{cfg['steps']} steps each" if cfg.get("steps") is not None
+              else f"{cfg['minutes_per_run']:g} minutes of training steps each (timed here first)")
+    lines = [
+        "# gatedattn sink calibration",
+        "",
+        "When does the baseline's first-token attention sink form on natural text? Each lever changes one thing "
+        "of the recipe and trains the `baseline` alone for the same wall-clock time "
+        f"({budget}); F-Attn and Sink^ε are measured per layer during and after training.",
+        "",
+        *_setup_lines(meta, cfg, cmds),
         "",
         "## Results",
         "",
@@ -78,8 +85,8 @@ def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
           if len({r.get("session", 1) for r in rows}) > 1 else []),
         "F-Attn: attention on token 0 (the BOS), averaged over heads and queries; *mean* averages the layers, "
         "*strongest* is the layer where it is largest. Uniform causal attention gives (1/T)·Σ 1/(i+1) "
-        "(0.0198 at T 256); the report's sink rule needs 2× that and Sink^ε > 0 (a head whose mean attention on "
-        "token 0 exceeds 0.3).",
+        "(0.0198 at T 256); the reproduction's F-Attn claims need 2× that, its Sink^ε claim a head whose mean "
+        "attention on token 0 exceeds 0.3.",
         "",
         f"Strongest sink first: {', '.join(f'`{n}`' for n in results.get('ranking', []))}.",
         "",

@@ -218,12 +218,11 @@ def _extrapolation(results: dict) -> Verdict:
 
 def _lr_study_outcome(rows: list[dict]) -> tuple[list[float], list[float], dict[str, int]]:
     """Learning rates at which baseline and gated diverged, and their loss spikes in all."""
-    div = {(r["variant"], r["lr"]) for r in rows if r.get("diverged")}
-    lrs = sorted({r["lr"] for r in rows})
-    base_div = [lr for lr in lrs if ("baseline", lr) in div]
-    gated_div = [lr for lr in lrs if ("gated", lr) in div]
+    def diverged_at(variant: str) -> list[float]:
+        return sorted({r["lr"] for r in rows if r["variant"] == variant and r.get("diverged")})
+
     spikes = {v: sum(r.get("spikes", 0) for r in rows if r["variant"] == v) for v in ("baseline", "gated")}
-    return base_div, gated_div, spikes
+    return diverged_at("baseline"), diverged_at("gated"), spikes
 
 
 def first_unstable_lr(rows: list[dict], variant: str) -> dict[str, float | None]:
@@ -284,12 +283,22 @@ def _overhead(results: dict) -> Verdict:
     rounds = min(len(a), len(b))
     if rounds < MIN_TIMING_ROUNDS:
         return Verdict(NOT_MEASURABLE, f"{rounds} timing round(s); at least {MIN_TIMING_ROUNDS} are needed for a noise estimate")
-    overheads = [ga / ba - 1 for ga, ba in zip(a[:rounds], b[:rounds])]
-    m = math.fsum(overheads) / rounds
-    se = math.sqrt(math.fsum((o - m) ** 2 for o in overheads) / (rounds - 1) / rounds)
+    m, se = _mean_se([ga / ba - 1 for ga, ba in zip(a[:rounds], b[:rounds])])
     med_a, med_b = sorted(a)[len(a) // 2], sorted(b)[len(b) // 2]
     text = (f"training step {1000 * med_b:.1f} ms (baseline) vs {1000 * med_a:.1f} ms (gated), medians of {rounds} "
             f"interleaved rounds: overhead {100 * m:+.1f} % ± {100 * se:.1f} % (standard error)")
+    return _judge_overhead(m, se, text)
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (two or more values)."""
+    n = len(values)
+    m = math.fsum(values) / n
+    return m, math.sqrt(math.fsum((v - m) ** 2 for v in values) / (n - 1) / n)
+
+
+def _judge_overhead(m: float, se: float, text: str) -> Verdict:
+    """The overhead rule of ``_overhead`` on a mean ``m`` and standard error ``se``."""
     if abs(m) <= NOISE_K * se:
         return Verdict(NOT_MEASURABLE, text + "; within timing noise")
     if m < 0:

@@ -49,6 +49,35 @@ def make_plots(results: dict, out: Path) -> dict[str, str]:
     return made
 
 
+def _depth_lines(depth: str, block: dict, cfg: dict, made: dict[str, str], heading: str) -> list[str]:
+    """One depth's claims, table and plots."""
+    where = block.get("strongest_layer")
+    lines = [f"{heading}# {depth} layer{'s' if depth != '1' else ''}", ""]
+    if where is not None and depth != "1":
+        lines += [f"Claims and the table are at layer {where + 1} of {depth}, where the baseline's BOS attention "
+                  f"from ordinary positions is strongest (seed mean); every variant is read at the same layer.", ""]
+    if block["claims"]:
+        lines += ["| claim | this run | verdict |", "|---|---|---|"]
+        lines += [f"| {c['claim']} | {c['measured']} | **{c['verdict']}** |" for c in block["claims"]] + [""]
+    lines += _summary_table(block["summary"], cfg)
+    for name, file in made.items():
+        if name.endswith(f"_L{depth}"):
+            what = "BOS attention" if name.startswith("bos") else "Gate score"
+            lines += [f"![{what}, {depth} layer(s)]({file})", ""]
+    return lines
+
+
+def _summary_table(summary: dict[str, dict], cfg: dict) -> list[str]:
+    """The variants' figures (mean ± std over seeds) and what bounds the losses."""
+    lines = ["| variant | " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
+    lines += [f"| `{v}` | " + " | ".join(fmt_cell(s.get(k), d) for k, _, d in COLUMNS) + " |"
+              for v, s in summary.items()]
+    floor = next((s.get("bigram_floor") for s in summary.values() if s.get("bigram_floor")), None)
+    return lines + ["", f"Mean ± std over {cfg['seeds']} seed(s), on {cfg['analysis_sequences']} sequences drawn "
+                        f"apart from the training data. The lowest possible bigram loss (the entropy of the true "
+                        f"bigram rows) is {fmt_cell(floor, 3)}; the copy loss can reach 0.", ""]
+
+
 def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool = True) -> list[str]:
     """Markdown lines of the study's results (writes its plots into ``out``)."""
     made = make_plots(results, out)
@@ -61,26 +90,7 @@ def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool
         f"ordinary positions and {task['uniform_bos_attn_trigger']:.3f} from trigger positions "
         f"(F-Attn {task['uniform_f_attn']:.3f}).", ""]
     for depth, block in results["depths"].items():
-        where = block.get("strongest_layer")
-        lines += [f"{heading}# {depth} layer{'s' if depth != '1' else ''}", ""]
-        if where is not None and depth != "1":
-            lines += [f"Claims and the table are at layer {where + 1} of {depth}, where the baseline's BOS attention "
-                      f"from ordinary positions is strongest (seed mean); every variant is read at the same layer.", ""]
-        if block["claims"]:
-            lines += ["| claim | this run | verdict |", "|---|---|---|"]
-            lines += [f"| {c['claim']} | {c['measured']} | **{c['verdict']}** |" for c in block["claims"]]
-            lines.append("")
-        lines += ["| variant | " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
-        for v, s in block["summary"].items():
-            lines.append(f"| `{v}` | " + " | ".join(fmt_cell(s.get(k), d) for k, _, d in COLUMNS) + " |")
-        floor = next((s.get("bigram_floor") for s in block["summary"].values() if s.get("bigram_floor")), None)
-        lines += ["", f"Mean ± std over {cfg['seeds']} seed(s), on {cfg['analysis_sequences']} sequences drawn apart "
-                  f"from the training data. The lowest possible bigram loss (the entropy of the true bigram rows) is "
-                  f"{fmt_cell(floor, 3)}; the copy loss can reach 0.", ""]
-        for name, file in made.items():
-            if name.endswith(f"_L{depth}"):
-                what = "BOS attention" if name.startswith("bos") else "Gate score"
-                lines += [f"![{what}, {depth} layer(s)]({file})", ""]
+        lines += _depth_lines(depth, block, cfg, made, heading)
     lines += [
         "*Legend.* BOS attn: attention probability on BOS, averaged over heads (at the layer named above where a "
         "model has several), by query class. "

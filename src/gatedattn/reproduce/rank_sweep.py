@@ -44,6 +44,14 @@ def _mean_rows(sweep: dict[str, Any]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
+def _row(r: dict[str, Any], ref: dict[str, Any] | None) -> str:
+    """One sweep point's table line, relative to the reference (NaN without one)."""
+    share = r["gate_flops"] / ref["gate_flops"] if ref else math.nan
+    delta = r["val_loss"] - ref["val_loss"] if ref else math.nan
+    return (f"| `{r['variant']}` | {r['d_int'] if r['d_int'] is not None else 'full'} | {r['gate_flops']:,} | "
+            f"{100 * share:.0f} % | {r['gate_params']:,} | {r['val_loss']:.4f} | {delta:+.4f} |")
+
+
 def rank_section(results: dict[str, Any], out: Path) -> list[str]:
     """The report's section on the sweep: table and plot (nothing without a sweep)."""
     sweep = results.get("rank_sweep")
@@ -56,12 +64,7 @@ def rank_section(results: dict[str, Any], out: Path) -> list[str]:
              f"{sweep['steps']} steps each on the same batches. Gate FLOPs are per attention layer and sequence.", "",
              "| variant | d_int | gate FLOPs | share of G1's | gate params | val loss | Δ loss vs gated |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        share = r["gate_flops"] / ref["gate_flops"] if ref else math.nan
-        delta = r["val_loss"] - ref["val_loss"] if ref else math.nan
-        lines.append(f"| `{r['variant']}` | {r['d_int'] if r['d_int'] is not None else 'full'} | {r['gate_flops']:,} | "
-                     f"{100 * share:.0f} % | {r['gate_params']:,} | {r['val_loss']:.4f} | {delta:+.4f} |")
-    lines.append("")
+    lines += [_row(r, ref) for r in rows] + [""]
     series = {f"{SWEPT}": [(r["gate_flops"], r["val_loss"], f"d_int {r['d_int']}") for r in rows if r["variant"] == SWEPT]}
     if ref:
         series[REFERENCE] = [(ref["gate_flops"], ref["val_loss"], "G1 elementwise")]
