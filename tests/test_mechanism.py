@@ -327,6 +327,9 @@ def test_every_study_is_registered_once_with_its_flags():
 
     assert list(STUDIES) == ["main", "lr", "rank", "mechanism", "calibrate", "calibrate-mechanism"]
     assert all(flag.startswith("--") and study.help for study in STUDIES.values() for flag in study.flags)
+    from gatedattn.reproduce.runner import PARTS, STUDIES as REPRODUCTION_STUDIES
+
+    assert set(PARTS) == set(REPRODUCTION_STUDIES) and set(PARTS) <= set(STUDIES)
 
 
 @pytest.mark.slow

@@ -68,9 +68,10 @@ def _command() -> str | None:
 def _default_out(args: argparse.Namespace) -> str | None:
     """Each study writes to a directory of its own unless --out says otherwise, so that one
     study's runs are never resumed as another's (None: the config's default)."""
-    if args.study in (None, "main"):
+    study = STUDIES[args.study or "main"]
+    if not study.own_dir:
         return None
-    return f"runs/reproduce-{args.study}" + ("-quick" if args.quick else "")
+    return f"runs/reproduce-{study.name}" + ("-quick" if args.quick else "")
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
@@ -128,6 +129,7 @@ class Study:
     help: str
     flags: tuple[str, ...]
     run: Callable[[argparse.Namespace], int]
+    own_dir: bool = True  # its default --out is runs/reproduce-<name> (else its config's)
 
 
 _REPRODUCTION_FLAGS = ("--variants", "--budget-minutes", "--steps", "--seeds", "--data", "--preset", "--seq-len",
@@ -135,7 +137,7 @@ _REPRODUCTION_FLAGS = ("--variants", "--budget-minutes", "--steps", "--seeds", "
                        "--report-only")
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("main", "the main job: the mechanism study, then natural text", (*_REPRODUCTION_FLAGS, "--no-mechanism"),
-          _run_reproduction),
+          _run_reproduction, own_dir=False),
     Study("lr", "the learning-rate stability study", _REPRODUCTION_FLAGS, _run_reproduction),
     Study("rank", "the HyGA low-rank width sweep", _REPRODUCTION_FLAGS, _run_reproduction),
     Study("mechanism", "the Bigram-Backcopy mechanism study (attention sinks in one-head models, minutes on a CPU)",

@@ -49,7 +49,7 @@ from gatedattn.train.metrics import read_records
 from gatedattn.train.trainer import Trainer
 from gatedattn.variants import VARIANTS
 
-STUDIES = ("main", "lr", "rank")
+STUDIES = ("main", "lr", "rank")  # the studies of PARTS
 SUMMARY_METRICS = keys(TEXT_METRICS, "analysis")
 
 
@@ -440,22 +440,7 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"config": {**cfg.to_dict(), **_report_fields(cfg.train)}, "variants": {}, "summary": {}}
 
-    step_s: dict[str, float] = {}
-    cuts: list[str] = []
-    if cfg.study == "main" and cfg.mechanism is not None:
-        results["mechanism"] = run_mechanism_part(cfg, out)
-        atomic_write_json(out / "results.json", json_safe(results))
-    if cfg.study == "lr":
-        results["lr_study"] = lr_study(cfg, data_dir, data, out)
-        variants_run = ["baseline", "gated"]
-        steps = results["lr_study"]["steps"]
-    elif cfg.study == "rank":
-        results["rank_sweep"] = rank_sweep(cfg, data_dir, data, out)
-        variants_run = ["gated", "hyga-lowrank"]
-        steps = results["rank_sweep"]["steps"]
-    else:
-        cfg, steps, step_s, cuts = text_part(cfg, data_dir, data, out, results)
-        variants_run = list(cfg.variants)
+    cfg, steps, step_s, cuts, variants_run = PARTS[cfg.study](cfg, data_dir, data, out, results)
 
     add_strongest_layer(results)
     fold_in(results, folds)
@@ -476,6 +461,32 @@ def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
     return write_report(results, out, sections=[rank_section])
 
 
+# What one study of ``ReproduceConfig.study`` trains into ``results``: it returns the config
+# that ran, its steps, the timed seconds per step, what the plan cut and the variants it
+# trained (those the step-time measurement compares).
+Part = Callable[[ReproduceConfig, Path, TokenData, Path, dict[str, Any]],
+                tuple[ReproduceConfig, int, dict[str, float], list[str], list[str]]]
+
+
+def main_parts(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path, results: dict[str, Any]):
+    """The main job: part 1 (the mechanism study, unless ``mechanism`` is None), then part 2."""
+    if cfg.mechanism is not None:
+        results["mechanism"] = run_mechanism_part(cfg, out)
+        atomic_write_json(out / "results.json", json_safe(results))
+    cfg, steps, step_s, cuts = text_part(cfg, data_dir, data, out, results)
+    return cfg, steps, step_s, cuts, list(cfg.variants)
+
+
+def lr_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path, results: dict[str, Any]):
+    results["lr_study"] = lr_study(cfg, data_dir, data, out)
+    return cfg, results["lr_study"]["steps"], {}, [], ["baseline", "gated"]
+
+
+def rank_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path, results: dict[str, Any]):
+    results["rank_sweep"] = rank_sweep(cfg, data_dir, data, out)
+    return cfg, results["rank_sweep"]["steps"], {}, [], [REFERENCE, SWEPT]
+
+
 def text_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path,
               results: dict[str, Any]) -> tuple[ReproduceConfig, int, dict[str, float], list[str]]:
     """Part 2 of the main job: plan the steps (``fit_plan``), train and analyse every
@@ -491,6 +502,9 @@ def text_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path,
         atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
     results["text_minutes"] = (time.time() - started) / 60
     return cfg, steps, step_s, cuts
+
+
+PARTS: dict[str, Part] = {"main": main_parts, "lr": lr_part, "rank": rank_part}
 
 
 def _meta(cfg: ReproduceConfig, data: TokenData, command: str | None, started: float) -> dict[str, Any]:
