@@ -20,13 +20,12 @@ from torch import nn
 from gatedattn.attention import Attention
 from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
-from gatedattn.errors import ConfigError, GatedAttnError, check_choice, check_types
+from gatedattn.errors import ConfigError, GatedAttnError, check_types
 from gatedattn.gates import Gate
-from gatedattn.integrity import atomic_save_safetensors
+from gatedattn.integrity import atomic_save_safetensors, record as record_checksum, verify_file
 from gatedattn.io import atomic_write_json, read_json_object
-from gatedattn.integrity import record as record_checksum, verify_file
 from gatedattn.norm import RMSNorm
-from gatedattn.settings import build, option
+from gatedattn.settings import build, check_options, option
 from gatedattn.variants import get_variant
 
 CONFIG_FILE = "config.json"
@@ -67,10 +66,10 @@ class ModelConfig:
     tie_embeddings: bool = option(True, help="the LM head shares the token embedding matrix")
     norm_eps: float = option(1e-6, help="epsilon of the blocks' RMSNorms")
     init_std: float = option(0.02, help="standard deviation of the initial weights")
-    embed_std: float | None = option(None, help="standard deviation of the initial token (and position) "
+    embed_std: float | None = option(None, gt=0, help="standard deviation of the initial token (and position) "
                                                 "embeddings (default: init_std; 1.0 is GPT-2/BBM-style)")
-    norm: str = option("rms", help="the blocks' and final norm: rms (RMSNorm) or layer (LayerNorm with bias)")
-    position_embedding: str = option("none", help="absolute positions added to the token embedding: none or "
+    norm: str = option("rms", choices=NORMS, help="the blocks' and final norm: rms (RMSNorm) or layer (LayerNorm with bias)")
+    position_embedding: str = option("none", choices=POSITION_EMBEDDINGS, help="absolute positions added to the token embedding: none or "
                                                    "learned (GPT-2/OPT style, max_seq_len rows; set "
                                                    "rope.fraction=0 for no rotary positions)")
     bos_token_id: int | None = option(None, set=False, help="beginning-of-sequence token (from the data)")
@@ -83,10 +82,7 @@ class ModelConfig:
                 raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} must be > 0")
         if not isinstance(self.attention, AttentionConfig):
             raise ConfigError(f"ModelConfig.attention must be an AttentionConfig, got {type(self.attention).__name__}")
-        check_choice("ModelConfig", "norm", self.norm, NORMS)
-        check_choice("ModelConfig", "position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
-        if self.embed_std is not None and self.embed_std <= 0:
-            raise ConfigError(f"ModelConfig.embed_std={self.embed_std!r} must be > 0 (or None for init_std)")
+        check_options(self)
         for name in ("bos_token_id", "eos_token_id"):
             tid = getattr(self, name)
             if tid is not None and not 0 <= tid < self.vocab_size:
@@ -123,8 +119,8 @@ class ModelConfig:
             attn_fields.pop("qk_norm", None)
             n_kv = n_heads
         attention = get_variant(variant)(d_model, n_heads, n_kv, **attn_fields)
-        return cls(**{"vocab_size": vocab_size, "n_layers": n_layers, "attention": attention, "ffn_dim": ffn,
-                      "variant": variant, "max_seq_len": max_seq_len, **fields})
+        return cls(vocab_size=vocab_size, n_layers=n_layers, attention=attention, ffn_dim=ffn,
+                   variant=variant, max_seq_len=max_seq_len, **fields)
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

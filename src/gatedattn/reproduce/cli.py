@@ -152,10 +152,10 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
 _ALWAYS = ("--study", "--out", "--quick", "--quiet")
 
 
-def _check_flags(study: Study, args: argparse.Namespace, parser_flags: tuple[str, ...]) -> None:
+def _check_flags(study: Study, args: argparse.Namespace) -> None:
     """Refuse, in one line, every flag given that the study does not take."""
-    given = [f for f in parser_flags if f not in _ALWAYS and getattr(args, f[2:].replace("-", "_"), None) not in
-             (None, False)]
+    known = dict.fromkeys(f for s in STUDIES.values() for f in s.flags)  # every study flag, in order
+    given = [f for f in known if getattr(args, f[2:].replace("-", "_"), None) not in (None, False)]
     unused = [f for f in given if f not in study.flags]
     if unused:
         takes = ", ".join(study.flags + _ALWAYS)
@@ -164,7 +164,7 @@ def _check_flags(study: Study, args: argparse.Namespace, parser_flags: tuple[str
 
 def _run(args: argparse.Namespace) -> int:
     study = STUDIES[args.study or "main"]
-    _check_flags(study, args, args.parser_flags)
+    _check_flags(study, args)
     return study.run(args)
 
 
@@ -208,6 +208,4 @@ def register(sub) -> None:
                         "the claims judged anew)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run, parser_flags=tuple(a.option_strings[-1] for a in p._actions
-                                                  if a.option_strings and a.option_strings[-1].startswith("--")
-                                                  and a.dest != "help"))
+    p.set_defaults(func=_run)

@@ -135,6 +135,11 @@ class MechanismConfig:
     def task(self) -> BigramBackcopy:
         return BigramBackcopy.default(n_chars=self.n_chars, n_triggers=self.n_triggers)
 
+    @property
+    def warmup(self) -> int:
+        """The warm-up steps a run gets: ``warmup_steps``, at most a fifth of the run."""
+        return min(self.warmup_steps, self.steps // 5)
+
     def tokens_per_run(self) -> int:
         return self.steps * self.micro_batch * self.seq_len
 
@@ -152,7 +157,7 @@ class MechanismConfig:
                 f"{'tied' if self.tie_embeddings else 'untied'} embeddings N(0, {self.embed_std:g}), no q/k norm; "
                 f"{self.steps} steps of {self.micro_batch} x {self.seq_len} tokens "
                 f"({self.tokens_per_run() / 1e6:.2f} M), AdamW (0.9, {self.beta2:g}), LR {self.lr:g} {self.schedule} "
-                f"after {min(self.warmup_steps, self.steps // 5)} warm-up steps, weight decay {self.weight_decay:g}, "
+                f"after {self.warmup} warm-up steps, weight decay {self.weight_decay:g}, "
                 f"clipping {self.grad_clip:g}, a {self.train_tokens / 1e6:.2f} M-token training stream")
 
 
@@ -168,7 +173,7 @@ def train_config(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: s
     return TrainConfig(
         data_dir=str(data_dir), out_dir=str(run_dir), model=recipe,
         seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, steps=cfg.steps, lr=cfg.lr,
-        warmup_steps=min(cfg.warmup_steps, cfg.steps // 5), schedule=cfg.schedule, betas=(0.9, cfg.beta2),
+        warmup_steps=cfg.warmup, schedule=cfg.schedule, betas=(0.9, cfg.beta2),
         weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, dtype="fp32", seed=seed,
         eval_every=max(cfg.steps // cfg.evals, 1), eval_batches=2, ckpt_every=0, log_every=50,
         progress=False, tensorboard=False,
@@ -352,12 +357,16 @@ SINK_SHARE = 0.5  # the sink the task is known for: at least half of an ordinary
 REMOVAL_RATIO = 0.5  # "removes": at most half of the baseline's BOS attention
 
 
+def _uniform(results: dict) -> float:
+    level = results["summary"]["baseline"].get("uniform_bos_attn_ordinary")
+    return level["mean"] if level else uniform_first_token_attention(results["config"]["seq_len"] - 1)
+
+
 def _sink_forms(results: dict) -> Verdict:
     m = results.get("summary", {}).get("baseline", {}).get("bos_attn_ordinary")
     if not m:
         return Verdict(NOT_MEASURABLE, "`baseline` was not part of this run")
-    level = results["summary"]["baseline"].get("uniform_bos_attn_ordinary")
-    uniform = level["mean"] if level else uniform_first_token_attention(results["config"]["seq_len"] - 1)
+    uniform = _uniform(results)
     trig = results["summary"]["baseline"].get("bos_attn_trigger")
     text = (f"BOS attention of ordinary positions {_fmt(m)} = {m['mean'] / uniform:.1f}× the uniform level "
             f"({uniform:.3f})" + (f"; trigger positions {_fmt(trig)}" if trig else ""))
@@ -371,11 +380,6 @@ def _sink_forms(results: dict) -> Verdict:
 SINKING = 3.0  # a sink to remove: the baseline's BOS attention from ordinary positions >= 3x uniform
 DRAIN = 0.5  # value-state drain: ‖v_BOS‖ <= 0.5 x the other tokens'
 PEAK = 2.0  # residual-state peak: ‖h_BOS‖ >= 2 x the other tokens'
-
-
-def _uniform(results: dict) -> float:
-    level = results["summary"]["baseline"].get("uniform_bos_attn_ordinary")
-    return level["mean"] if level else uniform_first_token_attention(results["config"]["seq_len"] - 1)
 
 
 def mechanism_sink_shown(results: dict) -> str | None:

@@ -39,8 +39,9 @@ from gatedattn.errors import ConfigError
 from gatedattn.fmt import fmt_mean_std
 from gatedattn.io import atomic_write_json, atomic_write_text, json_safe
 from gatedattn.reproduce.mechanism import (
-    REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, _say, ensure_task_data, run_one, study_meta,
+    REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, ensure_task_data, run_one, study_meta,
 )
+from gatedattn.provenance import say
 from gatedattn.settings import check_options, option
 
 VARIANTS = ("baseline", "gated", "sink")
@@ -127,10 +128,12 @@ class MechCalibrationConfig:
 # ------------------------------------------------------------------------------ training
 def _train(cfg: MechCalibrationConfig, out: Path, jobs: list[tuple[MechLever, int]]) -> dict[str, list[dict]]:
     """Train (or reuse) every (lever, seed) job's three variants; records by lever name."""
-    tasks = []
+    tasks, data_dirs = [], {}  # one generated stream per length, shared by the levers
     for lever, seed in jobs:
         lcfg = cfg.lever_config(lever, seeds=seed + 1)
-        data_dir = ensure_task_data(lcfg, out / f"data-{lcfg.train_tokens}")
+        if lcfg.train_tokens not in data_dirs:
+            data_dirs[lcfg.train_tokens] = ensure_task_data(lcfg, out / f"data-{lcfg.train_tokens}")
+        data_dir = data_dirs[lcfg.train_tokens]
         tasks += [(lever.name, lcfg, str(data_dir), str(out / "levers" / lever.name), v, 1, seed) for v in VARIANTS]
     records: dict[str, list[dict]] = {}
     if cfg.progress:
@@ -151,6 +154,10 @@ def _train(cfg: MechCalibrationConfig, out: Path, jobs: list[tuple[MechLever, in
             for i, (name, f) in enumerate(futures):
                 done(i, name, f.result())
     return records
+
+
+def _say(msg: str) -> None:
+    say("calibrate-mechanism", msg)
 
 
 def _crossing(curve: dict[str, list], tokens_per_step: int, level: float) -> int | None:

@@ -278,8 +278,9 @@ def fit_plan(cfg: ReproduceConfig, data: TokenData) -> tuple[ReproduceConfig, in
         return cfg, steps, step_s, []
     cuts = [f"`{cfg.train.preset}` × {cfg.seeds} seeds fits {steps} steps per run into {cfg.budget_minutes:g} min "
             f"here, under the floor of {cfg.min_steps}"]
-    at = STEP_DOWN_PRESETS.index(cfg.train.preset) + 1 if cfg.train.preset in STEP_DOWN_PRESETS else None
-    for preset in STEP_DOWN_PRESETS[at:] if at is not None else ():
+    preset_now = cfg.train.preset
+    smaller = STEP_DOWN_PRESETS[STEP_DOWN_PRESETS.index(preset_now) + 1:] if preset_now in STEP_DOWN_PRESETS else ()
+    for preset in smaller:
         trial = dataclasses.replace(cfg, train=cfg.train.replace(model=dataclasses.replace(cfg.train.model, size=preset)))
         steps, step_s = plan_steps(trial, data, cfg.seeds)
         if steps >= cfg.min_steps:
@@ -287,12 +288,11 @@ def fit_plan(cfg: ReproduceConfig, data: TokenData) -> tuple[ReproduceConfig, in
             return trial, steps, step_s, cuts
         cfg = trial
         cuts.append(f"`{preset}` fits {steps}")
-    for seeds in range(cfg.seeds - 1, 0, -1):
+    seeds = next((n for n in range(cfg.seeds - 1, 1, -1) if _fit(cfg, step_s, n) >= cfg.min_steps), 1)
+    if seeds < cfg.seeds:
         steps = _fit(cfg, step_s, seeds)
-        if steps >= cfg.min_steps or seeds == 1:
-            cuts.append(f"so the seeds step down to {seeds} at `{cfg.train.preset}` ({steps} steps)")
-            return dataclasses.replace(cfg, seeds=seeds), max(steps, cfg.min_steps), step_s, cuts
-    return cfg, max(steps, cfg.min_steps), step_s, cuts
+        cuts.append(f"so the seeds step down to {seeds} at `{cfg.train.preset}` ({steps} steps)")
+    return dataclasses.replace(cfg, seeds=seeds), max(steps, cfg.min_steps), step_s, cuts
 
 
 def _fit(cfg: ReproduceConfig, step_s: dict[str, float], runs_per_variant: int) -> int:
