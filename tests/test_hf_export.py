@@ -113,14 +113,14 @@ def test_auto_classes_load_and_generate_our_format(tmp_path, variant):
     assert torch.equal(logits(GatedLM.from_pretrained(tmp_path / "again"), ids), logits(model, ids))
 
 
-def test_auto_load_is_strict_and_refuses_padding(tmp_path):
+def test_auto_load_is_strict_and_refuses_custom_masks(tmp_path):
     register_auto()
     model = micro("gated")
     model.save_pretrained(tmp_path / "m")
     wrapped = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
     ids = torch.randint(0, V, (2, 4))
-    with pytest.raises(GatedAttnError, match="padding"):
-        wrapped(ids, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    with pytest.raises(GatedAttnError, match="2-D attention_mask .* got a 4-D one"):
+        wrapped(ids, attention_mask=torch.ones(2, 1, 4, 4))
     state = load_file(tmp_path / "m" / "model.safetensors")
     state.pop("blocks.1.attn.gate.x.proj.weight")
     save_file(state, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})

@@ -14,7 +14,8 @@ in the query projection's matmul (``[q | gate] = X [W_q | W_gate]``, as Qwen3-Ne
 ``H * sigmoid(logits)`` and ``o_proj`` run as one autograd function
 (``ops.gated_linear``) that recomputes the scores in backward instead of keeping them.
 The plain path runs whenever gradients are off or a hook watches the gate's scores or
-``o_proj``, so analysis hooks see every score.
+``o_proj``, so analysis hooks see every score, and whenever a projection is not a plain
+``nn.Linear`` (an adapter such as PEFT's LoRA wraps it), so the adapter is applied.
 """
 
 from __future__ import annotations
@@ -131,9 +132,11 @@ class MLAProjection(nn.Module):
 class Attention(nn.Module):
     """Causal self-attention for any ``AttentionConfig``.
 
-    ``forward(x, positions=None, cache=None)``: ``x`` (B, T, d_model) after the pre-norm;
-    ``positions`` (T,) or (B, T) integer positions for RoPE (default: ``cache.length +
-    arange(T)``); ``cache`` a ``KVCache`` that is extended in place. Returns (B, T, d_model).
+    ``forward(x, positions=None, cache=None, key_mask=None)``: ``x`` (B, T, d_model) after
+    the pre-norm; ``positions`` (T,) or (B, T) integer positions for RoPE (default:
+    ``cache.length + arange(T)``); ``cache`` a ``KVCache`` that is extended in place;
+    ``key_mask`` (B, cache.length + T) boolean, False for padding tokens, whose keys every
+    query then ignores (None: no padding, today's unmasked kernels). Returns (B, T, d_model).
     """
 
     def __init__(self, cfg: AttentionConfig):
@@ -174,6 +177,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
@@ -187,7 +191,10 @@ class Attention(nn.Module):
             q, k, v, x_gate = self._qkv_from_latent(x, positions, cache)
         else:
             q, k, v, x_gate = self._qkv(x, positions, cache)
-        h = self.core(q, k, v, self.sink, q_offset=offset, scale=self.scale)
+        if key_mask is None:
+            h = self.core(q, k, v, self.sink, q_offset=offset, scale=self.scale)
+        else:
+            h = self.core(q, k, v, self.sink, q_offset=offset, scale=self.scale, key_mask=key_mask)
         h_BTHD = self.head_transform(h.transpose(1, 2))
         if position == "g1" and self._fuse_gate_with_o_proj():
             logits = self.gate.logits(h_BTHD, x, x_gate)
@@ -245,11 +252,13 @@ class Attention(nn.Module):
         g = self.gate
         if g is None or g.x is None or self.cfg.gate.position not in ("g1", "g4") or self.cfg.kv != "gqa":
             return None
+        if not (_plain_linear(self.qkv.q_proj) and _plain_linear(g.x.linear)):
+            return None  # e.g. a LoRA-wrapped projection: each module computes its own output
         return g.x.linear
 
     def _fuse_gate_with_o_proj(self) -> bool:
         """Run the g1 gate and o_proj as ``ops.gated_linear`` (training), unless hooks watch them."""
-        return (torch.is_grad_enabled() and self.gate.is_sigmoid_product
+        return (torch.is_grad_enabled() and self.gate.is_sigmoid_product and _plain_linear(self.o_proj)
                 and not any(_hooked(m) for m in (*self.gate.score_modules, self.o_proj)))
 
     # The analysis seam: run the layer with another core or RoPE for the body of a ``with``.
@@ -282,3 +291,10 @@ class Attention(nn.Module):
 
 def _hooked(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def _plain_linear(module: nn.Module | None) -> bool:
+    """An unwrapped, unhooked ``nn.Linear``, whose weight alone says what it computes (a
+    fused path may then read the weight instead of calling the module; an adapter such as
+    a LoRA layer wrapping it, or a hook, needs the module called)."""
+    return type(module) is nn.Linear and not _hooked(module)

@@ -26,8 +26,12 @@ class AttentionCore(nn.Module):
         self.kernel = kernel
         self.fn = KERNEL_FUNCTIONS[kernel]
 
-    def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None):
-        return self.fn(q, k, v, sink, q_offset=q_offset, scale=scale)
+    def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None, key_mask=None):
+        """``key_mask`` (B, Tk), False for padded keys; a core that handles no padding may
+        leave the argument out (``Attention`` passes it only for a padded batch)."""
+        if key_mask is None:
+            return self.fn(q, k, v, sink, q_offset=q_offset, scale=scale)
+        return self.fn(q, k, v, sink, q_offset=q_offset, scale=scale, key_mask=key_mask)
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}"

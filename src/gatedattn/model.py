@@ -3,11 +3,18 @@
 Token embedding -> n_layers x [x + attn(norm(x)); x + mlp(norm(x))] -> norm -> LM head.
 The attention of every block is ``gatedattn.Attention`` built from one
 ``AttentionConfig``; the MLP is SwiGLU. ``GatedLM(ids)`` returns logits (B, T, vocab).
+
+Padded batches follow transformers' conventions: ``attention_mask`` (B, past + T) holds 1
+for tokens and 0 for padding (left or right), padded keys get zero attention, and the
+positions default to ``cumsum(attention_mask) - 1``, so a left-padded row computes at its
+tokens what the same row computes unpadded. A mask without zeros is dropped before the
+blocks: the unpadded path runs the same kernels as no mask at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from gatedattn.attention import Attention
 from gatedattn.cache import KVCache
@@ -166,17 +174,21 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(cfg)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
 
-    def forward(self, x, positions=None, cache: KVCache | None = None):
-        x = x + self.attn(self.attn_norm(x), positions=positions, cache=cache)
+    def forward(self, x, positions=None, cache: KVCache | None = None, key_mask: torch.Tensor | None = None):
+        x = x + self.attn(self.attn_norm(x), positions=positions, cache=cache, key_mask=key_mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class GatedLM(nn.Module):
-    """Decoder-only LM. ``forward(ids (B, T), positions=None, caches=None) -> logits (B, T, V)``."""
+    """Decoder-only LM. ``forward(ids (B, T), positions=None, caches=None, *,
+    attention_mask=None, inputs_embeds=None) -> logits (B, T, V)``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.checkpoint_every = 0  # activation checkpointing: see set_activation_checkpointing
+        self.gradient_checkpointing = False  # (what transformers reads to see whether it is on)
+        self._checkpoint_fn: Any = None
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position_embedding == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -219,9 +231,24 @@ class GatedLM(nn.Module):
             elif isinstance(module, Attention) and module.sink is not None:
                 nn.init.zeros_(module.sink)
 
-    def _check_input(self, ids: torch.Tensor, caches: list[KVCache] | None) -> None:
+    def _check_input(self, ids: torch.Tensor | None, caches: list[KVCache] | None,
+                     inputs_embeds: torch.Tensor | None = None) -> tuple[int, int]:
         """Refuse, naming the problem, token ids that are not a (batch, time) integer tensor
-        within the vocabulary, and caches that do not fit them."""
+        within the vocabulary, embeddings that are not (batch, time, d_model) floats, and
+        caches that do not fit them. Returns (batch, time)."""
+        if (ids is None) == (inputs_embeds is None):
+            raise GatedAttnError("GatedLM takes token ids or inputs_embeds, exactly one of them")
+        B, T = self._check_ids(ids) if inputs_embeds is None else self._check_embeds(inputs_embeds)
+        if caches is not None:
+            if len(caches) != len(self.blocks):
+                raise GatedAttnError(f"GatedLM got {len(caches)} caches for {len(self.blocks)} layers; use model.new_cache()")
+            batch = getattr(caches[0], "batch_size", None)  # (adapters of other cache types: unchecked)
+            if batch is not None and batch != B:
+                raise GatedAttnError(f"the KV cache holds a batch of {batch}, the input a batch of {B}; "
+                                     f"start a new cache (model.new_cache())")
+        return B, T
+
+    def _check_ids(self, ids: torch.Tensor) -> tuple[int, int]:
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.is_complex():
             what = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise GatedAttnError(f"GatedLM input must be integer token ids of shape (batch, time), got {what}")
@@ -230,13 +257,34 @@ class GatedLM(nn.Module):
             if lo < 0 or hi >= self.cfg.vocab_size:
                 raise GatedAttnError(f"GatedLM input holds token id {hi if hi >= self.cfg.vocab_size else lo}, "
                                      f"outside the vocabulary [0, {self.cfg.vocab_size})")
-        if caches is not None:
-            if len(caches) != len(self.blocks):
-                raise GatedAttnError(f"GatedLM got {len(caches)} caches for {len(self.blocks)} layers; use model.new_cache()")
-            batch = getattr(caches[0], "batch_size", None)  # (adapters of other cache types: unchecked)
-            if batch is not None and batch != ids.shape[0]:
-                raise GatedAttnError(f"the KV cache holds a batch of {batch}, the input a batch of {ids.shape[0]}; "
-                                     f"start a new cache (model.new_cache())")
+        return ids.shape[0], ids.shape[1]
+
+    def _check_embeds(self, e: torch.Tensor) -> tuple[int, int]:
+        if not isinstance(e, torch.Tensor) or e.dim() != 3 or not e.dtype.is_floating_point \
+                or e.shape[-1] != self.cfg.d_model:
+            what = f"{tuple(e.shape)} {e.dtype}" if isinstance(e, torch.Tensor) else type(e).__name__
+            raise GatedAttnError(f"GatedLM inputs_embeds must be floats of shape (batch, time, "
+                                 f"d_model={self.cfg.d_model}), got {what}")
+        return e.shape[0], e.shape[1]
+
+    def _key_mask(self, attention_mask: torch.Tensor | None, batch: int, seen: int, new: int) -> torch.Tensor | None:
+        """The boolean key mask (B, seen + new) of a padded batch, or None when nothing is
+        padded (no mask, or one without zeros)."""
+        if attention_mask is None:
+            return None
+        m = attention_mask
+        if not isinstance(m, torch.Tensor) or m.dim() != 2:
+            what = f"a {m.dim()}-D tensor" if isinstance(m, torch.Tensor) else type(m).__name__
+            raise GatedAttnError(f"attention_mask must be a 2-D padding mask (batch, past + new tokens) of 1 for "
+                                 f"tokens and 0 for padding, got {what} (custom attention patterns are not supported)")
+        if tuple(m.shape) != (batch, seen + new):
+            raise GatedAttnError(f"attention_mask has shape {tuple(m.shape)}; the input needs (batch, past + new "
+                                 f"tokens) = ({batch}, {seen + new})")
+        if torch.compiler.is_compiling():
+            return m.bool()
+        if m.dtype != torch.bool and bool(((m != 0) & (m != 1)).any()):
+            raise GatedAttnError("attention_mask must hold only 1 (token) and 0 (padding)")
+        return None if bool(m.all()) else m.bool()
 
     def _absolute_positions(self, ids: torch.Tensor, positions: torch.Tensor | None,
                             caches: list[KVCache] | None) -> torch.Tensor:
@@ -253,15 +301,64 @@ class GatedLM(nn.Module):
     def new_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.blocks]
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
-                caches: list[KVCache] | None = None) -> torch.Tensor:
-        self._check_input(ids, caches)
-        x = self.embed(ids)  # (B, T, C)
+    def forward(self, ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                caches: list[KVCache] | None = None, *, attention_mask: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V) of token ``ids`` (B, T) or of ``inputs_embeds`` (B, T, d_model).
+        ``attention_mask`` (B, past + T): 1 for tokens, 0 for padding; ``positions`` (T,) or
+        (B, T) default to ``cumsum(attention_mask) - 1`` for a padded batch, else to
+        ``past + arange(T)``; ``caches`` one ``KVCache`` per layer (``new_cache()``)."""
+        B, T = self._check_input(ids, caches, inputs_embeds)
+        seen = caches[0].length if caches is not None else 0
+        key_mask = self._key_mask(attention_mask, B, seen, T)
+        if positions is None and key_mask is not None:
+            positions = (key_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:]
+        x = self.embed(ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(self._absolute_positions(ids, positions, caches))
+            x = x + self.pos_embed(self._absolute_positions(x[..., 0], positions, caches))
+        every = self.checkpoint_every if (self.training and torch.is_grad_enabled() and caches is None) else 0
         for i, block in enumerate(self.blocks):
-            x = block(x, positions=positions, cache=caches[i] if caches is not None else None)
+            if every and i % every == 0:
+                x = self._checkpoint_fn(block, x, positions, None, key_mask)
+            else:
+                x = block(x, positions=positions, cache=caches[i] if caches is not None else None, key_mask=key_mask)
         return self.lm_head(self.norm(x))
+
+    # ------------------------------------------------------------------ transformers-style hooks
+    def set_activation_checkpointing(self, every: int, checkpoint_fn: Any = None) -> None:
+        """Recompute the activations of blocks 0, every, 2*every, ... in backward instead of
+        keeping them (``every`` 1: every block; 0: off). Applies in training mode with
+        gradients on and no KV cache. ``checkpoint_fn(block, *args)`` defaults to
+        ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise GatedAttnError(f"activation checkpointing every={every!r} must be an int >= 0 (0 = off)")
+        self.checkpoint_every = every
+        self.gradient_checkpointing = every > 0
+        self._checkpoint_fn = checkpoint_fn or functools.partial(checkpoint, use_reentrant=False)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def set_input_embeddings(self, embedding: nn.Embedding) -> None:
+        """Use ``embedding`` as the token embedding; ``cfg.vocab_size`` follows its rows and
+        a tied LM head shares its weight."""
+        if not isinstance(embedding, nn.Embedding) or embedding.embedding_dim != self.cfg.d_model:
+            raise GatedAttnError(f"the input embedding must be an nn.Embedding of width d_model={self.cfg.d_model}, "
+                                 f"got {embedding!r}")
+        self.embed = embedding
+        self.cfg = self.cfg.replace(vocab_size=embedding.num_embeddings)
+        if self.cfg.tie_embeddings:
+            self.lm_head.weight = embedding.weight
+            self.lm_head.out_features = embedding.num_embeddings
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, head: nn.Linear) -> None:
+        if not isinstance(head, nn.Linear) or head.in_features != self.cfg.d_model:
+            raise GatedAttnError(f"the output embedding must be an nn.Linear from d_model={self.cfg.d_model}, "
+                                 f"got {head!r}")
+        self.lm_head = head
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of a (B, T+1) token batch."""
@@ -272,25 +369,34 @@ class GatedLM(nn.Module):
     @torch.no_grad()
     def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, generator: torch.Generator | None = None,
-                 use_cache: bool = True, eos_token_id: int | None = None) -> torch.Tensor:
+                 use_cache: bool = True, eos_token_id: int | None = None,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after ``ids`` (B, T). ``temperature`` 0 is greedy.
-        With ``use_cache`` each step runs one token through the KV cache."""
+        With ``use_cache`` each step runs one token through the KV cache.
+        ``attention_mask`` (B, T) marks left padding with 0 (each row then continues from
+        its own last token; every generated token is real)."""
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
+        if attention_mask is not None:
+            self._key_mask(attention_mask, ids.shape[0], 0, ids.shape[1])  # its shape and values
+            if ids.shape[1] and not bool(attention_mask[:, -1].bool().all()):
+                raise GatedAttnError("generate needs left padding: attention_mask has a 0 in its last column")
         was_training = self.training
         self.eval()
         caches = self.new_cache() if use_cache else None
-        out, step_input = ids, ids
+        out, step_input, mask = ids, ids, attention_mask
         finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         for _ in range(max_new_tokens):
-            logits = self(step_input if use_cache else out, caches=caches)[:, -1].float()
+            logits = self(step_input if use_cache else out, caches=caches, attention_mask=mask)[:, -1].float()
             nxt = _sample(logits, temperature, top_k, generator)
             if eos_token_id is not None:
                 nxt = torch.where(finished, torch.full_like(nxt, eos_token_id), nxt)
                 finished |= nxt == eos_token_id
             out = torch.cat((out, nxt[:, None]), dim=1)
+            if mask is not None:
+                mask = torch.cat((mask, mask.new_ones(mask.shape[0], 1)), dim=1)
             step_input = nxt[:, None]
             if eos_token_id is not None and finished.all():
                 break

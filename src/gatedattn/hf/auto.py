@@ -11,7 +11,13 @@ missing or mis-shaped tensor is an error, never a randomly initialised one), sav
 through ``GatedLM.save_pretrained`` (the directory stays in gatedattn format).
 Generation uses transformers' ``DynamicCache``: each layer's keys and values go
 through a small adapter that gives it the ``KVCache`` interface ``Attention`` expects.
-Padded batches (an ``attention_mask`` with zeros) are refused.
+
+The wrapper follows ``LlamaForCausalLM``'s conventions: a 2-D ``attention_mask`` (1 =
+token, 0 = padding, left or right; padded keys get zero attention), ``position_ids``
+(default ``cumsum(attention_mask) - 1``), ``inputs_embeds``, ``labels`` with -100 for
+ignored positions (transformers' causal-LM loss, ``num_items_in_batch`` included), the
+embedding accessors and ``resize_token_embeddings``, activation checkpointing
+(``gradient_checkpointing_enable``, ``every_n_layers``). A 4-D custom mask is refused.
 
 This module imports transformers (seconds); ``gatedattn.hf`` imports it on first use.
 """
@@ -25,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from torch.utils.checkpoint import checkpoint
 
 from gatedattn.errors import GatedAttnError
 from gatedattn.hf.configuration import GatedAttnHFConfig
@@ -68,6 +76,7 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
     _supports_sdpa = True
+    supports_gradient_checkpointing = True
 
     def __init__(self, config: GatedAttnHFConfig, model: GatedLM | None = None):
         super().__init__(config)
@@ -78,10 +87,34 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         pass
 
     def get_input_embeddings(self):
-        return self.model.embed
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value) -> None:
+        self.model.set_input_embeddings(value)
+        self.config.vocab_size = self.model.cfg.vocab_size
 
     def get_output_embeddings(self):
-        return self.model.lm_head
+        return self.model.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings) -> None:
+        self.model.set_output_embeddings(new_embeddings)
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=checkpoint,
+                                    every_n_layers: int = 1) -> None:
+        """transformers' activation-checkpointing switch: blocks 0, n, 2n, ... recompute
+        their activations in backward (training mode, no KV cache)."""
+        self.model.set_activation_checkpointing(every_n_layers if enable else 0, gradient_checkpointing_func)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Also takes a state dict in gatedattn's format (``GatedLM`` keys, as
+        ``save_pretrained`` writes them; what transformers' Trainer reads back on resume)."""
+        prefix = self.base_model_prefix + "."
+        if state_dict and not any(k.startswith(prefix) for k in state_dict):
+            state_dict = {prefix + k: v for k, v in state_dict.items()}
+            tied = prefix + "lm_head.weight"
+            if self.model.cfg.tie_embeddings and tied not in state_dict and prefix + "embed.weight" in state_dict:
+                state_dict[tied] = state_dict[prefix + "embed.weight"]
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod
@@ -115,9 +148,11 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         model.eval()
         return model
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """Write gatedattn's format (``config.json`` + ``model.safetensors``)."""
-        self.model.save_pretrained(save_directory)
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs) -> None:
+        """Write gatedattn's format (``config.json`` + ``model.safetensors``) of the model's
+        own weights (a ``state_dict`` argument holds the same tensors and is not read)."""
+        if is_main_process:
+            self.model.save_pretrained(save_directory)
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -125,19 +160,19 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
                 past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, use_cache: bool | None = None,
                 logits_to_keep: int = 0, return_dict: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
-        if inputs_embeds is not None or input_ids is None:
-            raise GatedAttnError("GatedAttnForCausalLM needs input_ids (inputs_embeds are not supported)")
-        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.bool().all()):
-            raise GatedAttnError("GatedAttnForCausalLM does not support padding (attention_mask has zeros); "
-                                 "generate one sequence, or equal-length sequences, at a time")
+        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2):
+            what = f"{attention_mask.dim()}-D" if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+            raise GatedAttnError(f"GatedAttnForCausalLM takes a 2-D attention_mask (batch, past + new tokens; "
+                                 f"1 = token, 0 = padding), got a {what} one: custom masks are not supported")
         cache = cache if cache is not None else past_key_values
-        if cache is None and use_cache:
+        if cache is None and use_cache and not (self.training and self.model.checkpoint_every):
             cache = DynamicCache()
         caches = [_LayerCache(cache, i) for i in range(len(self.model.blocks))] if cache is not None else None
-        logits = self.model(input_ids, positions=position_ids, caches=caches)
+        logits = self.model(input_ids, positions=position_ids, caches=caches, attention_mask=attention_mask,
+                            inputs_embeds=inputs_embeds)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+            loss = ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=kwargs.get("num_items_in_batch"))
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)

@@ -7,6 +7,11 @@ a fused kernel returns the output ``o`` and the log-sum-exp ``lse`` of each row;
 ``o_sink = o * sigmoid(lse - b)``. Its backward is the fused kernel's backward run with
 ``o_sink`` and ``lse_total = logaddexp(lse, b)`` (the sink is a key whose value is zero),
 and ``dL/db = -sum_rows p_sink * (dO . o_sink)`` with ``p_sink = sigmoid(b - lse)``.
+
+Padding (``key_mask`` (B, Tk), False for padded keys; the rule is ``ops.reference``'s) is
+an explicit boolean mask for ``F.scaled_dot_product_attention`` and an additive mask for
+the CPU flash kernel, whose log-sum-exp then runs over the real keys only, as the sink
+identity needs. Without ``key_mask`` every function runs exactly its unpadded code.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gatedattn.ops.reference import attention_reference, causal_mask
+from gatedattn.ops.reference import attention_reference, causal_mask, check_key_mask, visible_keys
 
 
 def attention_sdpa(
@@ -27,12 +32,17 @@ def attention_sdpa(
     *,
     q_offset: int = 0,
     scale: float | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention through ``F.scaled_dot_product_attention``; no sink."""
     if sink is not None:
         raise ValueError("attention_sdpa has no sink; use attention_flash_lse")
     tq, tk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
+    if key_mask is not None:
+        check_key_mask(key_mask, k)
+        mask = visible_keys(tq, tk, q_offset, key_mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     if q_offset == 0 and tq == tk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     # Queries after a cached prefix: the causal diagonal is shifted by q_offset.
@@ -45,24 +55,28 @@ class _CPUFlash:
     grouped KV heads (GQA) as they are."""
 
     grouped_kv = True
+    takes_mask = True
 
     @staticmethod
-    def forward(q, k, v, scale):
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+    def forward(q, k, v, scale, mask=None):
+        """``mask``: None (causal) or an additive (B, 1, T, T) mask in q's dtype."""
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, mask is None, attn_mask=mask, scale=scale)
         return o, lse, ()  # o (B, H, T, D) in q's dtype, lse (B, H, T) float32
 
     @staticmethod
-    def backward(grad_o, q, k, v, o, lse, aux, scale):
+    def backward(grad_o, q, k, v, o, lse, aux, scale, mask=None):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_o, q, k, v, o, lse, 0.0, True, scale=scale)
+            grad_o, q, k, v, o, lse, 0.0, mask is None, attn_mask=mask, scale=scale)
 
 
 class _CUDAEfficient:
     """The CUDA memory-efficient kernel (fp32, fp16, bf16). Its log-sum-exp is (B, H, T')
     with T' >= T padded up to its block size; the rows past T are never read. KV heads
-    are expanded for it (GQA)."""
+    are expanded for it (GQA). Padded batches take the reference path."""
 
     grouped_kv = False
+    takes_mask = False
 
     @staticmethod
     def forward(q, k, v, scale):
@@ -80,28 +94,32 @@ class _CUDAEfficient:
 
 class _FlashSink(torch.autograd.Function):
     """Causal attention with a per-head sink on a fused kernel that returns the log-sum-exp
-    (q: B, H, T, D; k, v: B, Hkv, T, D, Hkv = H unless the kernel reads grouped heads)."""
+    (q: B, H, T, D; k, v: B, Hkv, T, D, Hkv = H unless the kernel reads grouped heads);
+    ``mask`` None (causal) or an additive padding-and-causal mask for a kernel that takes one."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, scale, kernel):
-        o, lse, aux = kernel.forward(q, k, v, scale)
+    def forward(ctx, q, k, v, sink, scale, kernel, mask=None):
+        o, lse, aux = kernel.forward(q, k, v, scale) if mask is None else kernel.forward(q, k, v, scale, mask)
         T = q.shape[2]
         b = sink.float().view(1, -1, 1)
         keep = torch.sigmoid(lse[..., :T] - b)  # 1 - p_sink, (B, H, T)
         o_sink = (o.float() * keep[..., None]).to(o.dtype)
         lse_total = torch.logaddexp(lse, b.expand_as(lse))
         ctx.save_for_backward(q, k, v, o_sink, lse_total, keep, *aux)
-        ctx.scale, ctx.kernel = scale, kernel
+        ctx.scale, ctx.kernel, ctx.mask = scale, kernel, mask
         return o_sink
 
     @staticmethod
     def backward(ctx, grad_o):
         q, k, v, o_sink, lse_total, keep, *aux = ctx.saved_tensors
         grad_o = grad_o.contiguous()
-        dq, dk, dv = ctx.kernel.backward(grad_o, q, k, v, o_sink, lse_total, aux, ctx.scale)
+        if ctx.mask is None:
+            dq, dk, dv = ctx.kernel.backward(grad_o, q, k, v, o_sink, lse_total, aux, ctx.scale)
+        else:
+            dq, dk, dv = ctx.kernel.backward(grad_o, q, k, v, o_sink, lse_total, aux, ctx.scale, ctx.mask)
         p_sink = 1.0 - keep  # (B, H, T)
         d_sink = -(p_sink * (grad_o.float() * o_sink.float()).sum(-1)).sum(dim=(0, 2))  # (H,)
-        return dq, dk, dv, d_sink, None, None
+        return dq, dk, dv, d_sink, None, None, None
 
 
 FUSED_LSE_KERNELS = {"cpu": _CPUFlash, "cuda": _CUDAEfficient}
@@ -115,16 +133,22 @@ def attention_flash_lse(
     *,
     q_offset: int = 0,
     scale: float | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention with an optional per-head sink, using a fused kernel that returns
     the log-sum-exp (the CPU flash kernel, CUDA's memory-efficient kernel). Decoding after
-    a cache prefix and other devices take the reference path (the score matrix of a few
-    query rows is small)."""
+    a cache prefix, other devices and padded batches on a kernel without a mask take the
+    reference path (the score matrix of a few query rows is small)."""
     if sink is None:
-        return attention_sdpa(q, k, v, q_offset=q_offset, scale=scale)
+        if key_mask is None:
+            return attention_sdpa(q, k, v, q_offset=q_offset, scale=scale)
+        return attention_sdpa(q, k, v, q_offset=q_offset, scale=scale, key_mask=key_mask)
     kernel = FUSED_LSE_KERNELS.get(q.device.type)
-    if kernel is None or q_offset != 0 or q.shape[2] != k.shape[2]:
-        return attention_reference(q, k, v, sink, q_offset=q_offset, scale=scale)
+    if (kernel is None or q_offset != 0 or q.shape[2] != k.shape[2]
+            or (key_mask is not None and not kernel.takes_mask)):
+        if key_mask is None:
+            return attention_reference(q, k, v, sink, q_offset=q_offset, scale=scale)
+        return attention_reference(q, k, v, sink, q_offset=q_offset, scale=scale, key_mask=key_mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[1] // k.shape[1]
     if group > 1 and not kernel.grouped_kv:  # expand the KV heads for a kernel without GQA
@@ -137,5 +161,11 @@ def attention_flash_lse(
             q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))
     dtype = torch.promote_types(q.dtype, torch.promote_types(k.dtype, v.dtype))
     q, k, v = (t.to(dtype).contiguous() for t in (q, k, v))
-    out = _FlashSink.apply(q, k, v, sink, scale, kernel)
+    if key_mask is None:
+        out = _FlashSink.apply(q, k, v, sink, scale, kernel)
+    else:
+        check_key_mask(key_mask, k)
+        visible = visible_keys(q.shape[2], k.shape[2], 0, key_mask)
+        additive = torch.zeros(visible.shape, dtype=dtype, device=q.device).masked_fill_(~visible, float("-inf"))
+        out = _FlashSink.apply(q, k, v, sink, scale, kernel, additive)
     return out[..., :dv]
