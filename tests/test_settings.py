@@ -42,7 +42,7 @@ TRAIN_VALUES = {
     "keep_checkpoints": ("5", 5), "log_every": ("4", 4), "skip_nonfinite": ("true", True),
     "spike_margin": ("0.3", 0.3), "spike_window": ("20", 20), "diverge_factor": ("3", 3.0),
     "overfit_batches": ("2", 2), "stop_at_step": ("2", 2), "fsdp": ("true", True), "progress": ("false", False),
-    "tensorboard": ("false", False),
+    "tensorboard": ("false", False), "activation_checkpointing": ("2", 2),
 }
 REPRODUCE_VALUES = {
     "variants": ("gated,hyga", ("gated", "hyga")), "seeds": ("2", 2), "budget_minutes": ("5", 5.0),

@@ -41,6 +41,7 @@ OVERRIDE_GROUPS = {"lm": ModelConfig, "attention": AttentionConfig, "gate": Gate
 RESUMABLE_FIELDS = frozenset({
     "data_dir", "out_dir", "steps", "max_tokens", "eval_every", "eval_batches", "ckpt_every",
     "keep_checkpoints", "log_every", "stop_at_step", "progress", "tensorboard", "compile",
+    "activation_checkpointing",
 })
 
 
@@ -171,6 +172,9 @@ class TrainConfig:
     dtype: str = option("auto", help="auto (bf16 autocast where the device computes bf16 natively, else "
                                      "fp32), fp32 or bf16")
     compile: bool = option(False, help="torch.compile the model")
+    activation_checkpointing: int = option(0, ge=0, help="recompute the activations of every Nth block in "
+                                           "backward instead of keeping them (1: every block; N: blocks 0, N, "
+                                           "2N, ...; 0: off): less memory, same gradients, about one more forward")
     device: str = option("auto", help="auto (CUDA when available), cpu or cuda")
     seed: int = option(0, help="seed of the initial weights and of the data order")
     eval_every: int = option(100, help="evaluate every this many steps (0: at the start and end only)")
@@ -243,6 +247,7 @@ class TrainConfig:
         number("muon_momentum", 0.0, 1.0, high_open=True)
         check_choice(own, "dtype", self.dtype, DTYPES)
         boolean("compile")
+        integer("activation_checkpointing", 0)
         check_choice(own, "device", self.device, DEVICES)
         integer("seed", 0)
         integer("eval_every", 0)

@@ -141,6 +141,11 @@ class Trainer:
             self.state.load_state_dict(resume[1])
             self.model.load_state_dict(resume[0], strict=False)  # tied lm_head shares embed
         self.model.to(self.env.device)
+        if cfg.activation_checkpointing:
+            if not hasattr(self.model, "set_activation_checkpointing"):
+                raise GatedAttnError(f"TrainConfig.activation_checkpointing={cfg.activation_checkpointing} needs a "
+                                     f"GatedLM; {type(self.model).__name__} has no set_activation_checkpointing")
+            self.model.set_activation_checkpointing(cfg.activation_checkpointing)
         if cfg.compile:
             self.model.compile()
         self.wrapped = D.wrap(self.model, self.env, cfg.fsdp)
