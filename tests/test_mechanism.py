@@ -314,22 +314,38 @@ def test_cli_rejects_flags_of_other_studies(capsys):
 
 def test_no_mechanism_leaves_out_part_one():
     from gatedattn.cli import build_parser
-    from gatedattn.reproduce.cli import _reproduce_config
+    from gatedattn.reproduce.cli import study_config
+    from gatedattn.reproduce.studies import STUDIES
 
     parse = build_parser("reproduce").parse_args
-    assert _reproduce_config(parse(["reproduce", "--quick", "--no-mechanism"])).mechanism is None
-    assert _reproduce_config(parse(["reproduce", "--quick"])).mechanism == MechanismConfig.quick()
-    assert _reproduce_config(parse(["reproduce"])).mechanism == MechanismConfig()
+    main_job = STUDIES["main"]
+    assert study_config(main_job, parse(["reproduce", "--quick", "--no-mechanism"])).mechanism is None
+    assert study_config(main_job, parse(["reproduce", "--quick"])).mechanism == MechanismConfig.quick()
+    assert study_config(main_job, parse(["reproduce"])).mechanism == MechanismConfig()
 
 
 def test_every_study_is_registered_once_with_its_flags():
-    from gatedattn.reproduce.cli import STUDIES
+    import dataclasses
 
-    assert list(STUDIES) == ["main", "lr", "rank", "mechanism", "calibrate", "calibrate-mechanism"]
-    assert all(flag.startswith("--") and study.help for study in STUDIES.values() for flag in study.flags)
-    from gatedattn.reproduce.runner import PARTS, STUDIES as REPRODUCTION_STUDIES
+    from gatedattn.cli import build_parser
+    from gatedattn.reproduce.claims import CLAIMS
+    from gatedattn.reproduce.studies import STUDIES, STUDY_OF_CONFIG
+    from gatedattn.settings import settings
 
-    assert set(PARTS) == set(REPRODUCTION_STUDIES) and set(PARTS) <= set(STUDIES)
+    assert list(STUDIES) == ["main", "text", "mechanism", "lr", "rank", "calibrate", "calibrate-mechanism"]
+    assert len(STUDY_OF_CONFIG) == len(STUDIES)  # one config class per study
+    parser_flags = {a for action in build_parser("reproduce")._subparsers._group_actions[0].choices["reproduce"]._actions
+                    for a in action.option_strings}
+    claim_keys = {c.key for c in CLAIMS}
+    for study in STUDIES.values():
+        assert study.help and set(study.flag_names()) <= parser_flags, study.name
+        assert set(study.parts) <= set(STUDIES) and set(study.claims) <= claim_keys
+        assert all(f.metadata.get("help") for f in dataclasses.fields(study.config)), study.name  # every field documented
+        keys = {s.key for s in settings(study.config)} | {f.name for f in dataclasses.fields(study.config)}
+        for flag, spec in study.flags.items():  # every flag sets a key its config has
+            assert spec.key in keys or spec.key.split(".")[0] in keys, (study.name, flag)
+    assert STUDIES["main"].parts == ("mechanism", "text")
+    assert [s.key for s in STUDIES.values() if s.key] == ["lr_study", "rank_sweep"]
 
 
 @pytest.mark.slow
@@ -352,3 +368,10 @@ def test_quick_mechanism_study_end_to_end(tmp_path):
     assert "gatedattn reproduce --study mechanism" in report and "≥ 3× the uniform level" in report
     again = main(["reproduce", "--study", "mechanism", "--quick", "--out", str(out), "-q"])  # reuses the runs
     assert again == 0 and json.loads((out / "results.json").read_text())["depths"] == results["depths"]
+    # --report-only judges the claims anew from results.json and writes the same report
+    written, now = (out / "report.md").read_text(), json.loads((out / "results.json").read_text())
+    tampered = {**now, "depths": {d: {**b, "claims": []} for d, b in now["depths"].items()}}
+    (out / "results.json").write_text(json.dumps(tampered))
+    assert main(["reproduce", "--study", "mechanism", "--quick", "--out", str(out), "--report-only"]) == 0
+    assert (out / "report.md").read_text() == written
+    assert json.loads((out / "results.json").read_text())["depths"]["1"]["claims"] == results["depths"]["1"]["claims"]

@@ -70,7 +70,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
 @pytest.mark.parametrize("fields,match", [
     (dict(variants=("baseline", "gatd")), "unknown variant 'gatd'"),
     (dict(variants=()), "variants is empty"),
-    (dict(study="width"), r"study='width' is not allowed; choose one of 'main', 'lr', 'rank'"),
+    (dict(lrs=(1e-3,)), r"ReproduceConfig has no field 'lrs'"),
     (dict(timing_rounds=2), r"timing_rounds=2 must be >= 3"),
     (dict(preset="huge"), r"preset='huge'"),
     (dict(seeds=0), r"seeds=0 must be > 0"),
@@ -84,7 +84,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, cap
 ])
 def test_bad_reproduce_config(fields, match):
     with pytest.raises(ConfigError, match=match):
-        ReproduceConfig(**fields)
+        ReproduceConfig.make(**fields)
 
 
 def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
@@ -116,7 +116,7 @@ def test_budget_steps_down_to_a_smaller_model_then_fewer_seeds(monkeypatch):
         return runner._fit(cfg, step_s, n_runs), step_s
 
     monkeypatch.setattr(runner, "plan_steps", fake_plan)
-    base = ReproduceConfig(budget_minutes=20.0, preset="small", seeds=3)
+    base = ReproduceConfig.make(budget_minutes=20.0, preset="small", seeds=3)
     # small x 3 seeds x 2 variants at 1 s: 160 steps < 500, so `tiny` at 0.2 s: 800 steps
     cfg, steps, _, cuts = runner.fit_plan(base, None)
     assert (cfg.train.preset, cfg.seeds, steps) == ("tiny", 3, 800)
@@ -140,7 +140,7 @@ def test_cli_bad_variant_is_one_line(capsys):
 
 
 @pytest.mark.slow
-def test_lr_study_records_divergence(tmp_path, monkeypatch):
+def test_lr_study_records_divergence(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "lr"
     # 3.0 is far past stability for AdamW: at least one run must diverge and be reported
@@ -152,3 +152,8 @@ def test_lr_study_records_divergence(tmp_path, monkeypatch):
     assert any(r["diverged"] for r in runs if r["lr"] == 3.0)
     report = (out / "report.md").read_text()
     assert "| `baseline` | 3 |" in report and "Gating keeps training stable" in report
+    # --report-only writes the same report again; another study's --report-only refuses the directory
+    assert main(["reproduce", "--study", "lr", "--report-only", "--out", str(out)]) == 0
+    assert (out / "report.md").read_text() == report
+    assert main(["reproduce", "--report-only", "--out", str(out)]) == 2
+    assert "holds the results of --study lr, not main" in capsys.readouterr().err

@@ -47,8 +47,7 @@ TRAIN_VALUES = {
 REPRODUCE_VALUES = {
     "variants": ("gated,hyga", ("gated", "hyga")), "seeds": ("2", 2), "budget_minutes": ("5", 5.0),
     "steps": ("none", None), "out_dir": ("r2", "r2"), "evals": ("3", 3), "analysis_sequences": ("16", 16),
-    "multiples": ("1,3", (1, 3)), "study": ("lr", "lr"), "lrs": ("1e-3,1e-2", (1e-3, 1e-2)),
-    "ranks": ("4,8", (4, 8)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")), "min_steps": ("50", 50),
+    "multiples": ("1,3", (1, 3)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")), "min_steps": ("50", 50),
     "timing_rounds": ("4", 4),
     "mechanism.variants": ("baseline,sink", ("baseline", "sink")), "mechanism.depths": ("1,3", (1, 3)),
     "mechanism.deep_variants": ("baseline", ("baseline",)), "mechanism.seeds": ("2", 2), "mechanism.steps": ("77", 77),
@@ -155,3 +154,14 @@ def test_help_lists_every_key_with_its_help(capsys):
     for s in settings(TrainConfig):
         assert s.key in out
     assert dataclasses.fields(TrainConfig)[0].metadata["help"] in out
+
+
+def test_each_study_config_takes_its_own_keys():
+    from gatedattn.reproduce import LrConfig, RankConfig
+
+    assert apply_sets(LrConfig.quick(), ["lrs=1e-3,1e-2"]).lrs == (1e-3, 1e-2)
+    assert apply_sets(RankConfig.quick(), ["ranks=4,8"]).ranks == (4, 8)
+    with pytest.raises(ConfigError, match="unknown --set key 'lrs'"):
+        apply_sets(RankConfig.quick(), ["lrs=1e-3"])
+    with pytest.raises(ConfigError, match=r"variants='baseline' is not allowed; choose one of 'gated', 'hyga-lowrank'"):
+        apply_sets(RankConfig.quick(), ["variants=baseline"])

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from gatedattn.errors import ConfigError
-from gatedattn.reproduce.runner import ReproduceConfig, add_strongest_layer, reproduce
+from gatedattn.reproduce import RankConfig, ReproduceConfig, TextConfig, reproduce
+from gatedattn.reproduce.runner import add_strongest_layer
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_wiki_only_lever_prepares_wikipedia_alone(tmp_path, data_dir):
 
 def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
     base = dict(preset="micro", steps=4, evals=1, analysis_sequences=4, data_dir=data_dir, progress=False)
-    reproduce(ReproduceConfig.quick(study="rank", ranks=(4, 8), out_dir=str(tmp_path / "rank"), **base))
+    reproduce(RankConfig.quick(ranks=(4, 8), out_dir=str(tmp_path / "rank"), **base))
     sweep = json.loads((tmp_path / "rank" / "results.json").read_text())["rank_sweep"]
     points = [(r["variant"], r["d_int"]) for r in sweep["rows"]]
     assert points == [("gated", None), ("hyga-lowrank", 4), ("hyga-lowrank", 8)]
@@ -121,7 +122,7 @@ def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
     assert "share of G1's" in (tmp_path / "rank" / "report.md").read_text()
 
     report = reproduce(ReproduceConfig.quick(variants=("baseline", "gated"), multiples=(1,), fold=(str(tmp_path / "rank"),),
-                                             out_dir=str(tmp_path / "main"), **base)).read_text()
+                                             out_dir=str(tmp_path / "main"), mechanism=None, **base)).read_text()
     results = json.loads((tmp_path / "main" / "results.json").read_text())
     assert results["rank_sweep"] == sweep and results["folded"][0]["studies"] == ["rank_sweep"]
     assert "## HyGA low-rank width: loss against gate cost" in report and (tmp_path / "main" / "rank_sweep.png").is_file()
@@ -220,8 +221,8 @@ def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
 def test_a_second_call_reuses_finished_runs_and_their_analysis(tmp_path, data_dir, monkeypatch):
     from gatedattn.reproduce import runner
 
-    cfg = ReproduceConfig.quick(preset="micro", steps=4, evals=1, analysis_sequences=4, multiples=(1,), data_dir=data_dir,
-                                variants=("baseline",), out_dir=str(tmp_path / "r"), progress=False)
+    cfg = TextConfig.quick(preset="micro", steps=4, evals=1, analysis_sequences=4, multiples=(1,), data_dir=data_dir,
+                           variants=("baseline",), out_dir=str(tmp_path / "r"), progress=False)
     reproduce(cfg)
     first = json.loads((tmp_path / "r" / "results.json").read_text())["variants"]["baseline"]["runs"][0]
 
@@ -253,21 +254,22 @@ def test_a_signal_stops_the_whole_study(tmp_path, data_dir, monkeypatch):
         return types.SimpleNamespace(interrupted="SIGTERM", interrupted_signal=15, steps=2)
 
     monkeypatch.setattr(runner, "train", interrupted_train)
-    cfg = ReproduceConfig.quick(preset="micro", steps=4, data_dir=data_dir, variants=("baseline", "gated"),
-                                out_dir=str(tmp_path / "r"), progress=False)
+    cfg = TextConfig.quick(preset="micro", steps=4, data_dir=data_dir, variants=("baseline", "gated"),
+                           out_dir=str(tmp_path / "r"), progress=False)
     with pytest.raises(Interrupted, match="SIGTERM: baseline-s0 stopped after step 2") as e:
         reproduce(cfg)
     assert e.value.status == 143 and trained == ["baseline"]  # gated never started
 
 
 def test_each_study_has_its_own_default_directory():
-    import argparse
+    from gatedattn.cli import build_parser
+    from gatedattn.reproduce.cli import study_config
+    from gatedattn.reproduce.studies import STUDIES
 
-    from gatedattn.reproduce.cli import _default_out
-
-    def ns(study, quick=False):
-        return argparse.Namespace(study=study, quick=quick)
-
-    assert _default_out(ns(None)) is None and _default_out(ns("main", True)) is None  # the config's own default
-    assert _default_out(ns("rank")) == "runs/reproduce-rank"
-    assert _default_out(ns("lr", True)) == "runs/reproduce-lr-quick"
+    parse = build_parser("reproduce").parse_args
+    outs = {name: study_config(study, parse(["reproduce"])).out_dir for name, study in STUDIES.items()}
+    assert outs["main"] == "runs/reproduce" and outs["rank"] == "runs/reproduce-rank"
+    assert all(out == f"runs/reproduce-{name}" for name, out in outs.items() if name != "main")
+    assert len(set(outs.values())) == len(outs)  # one study's runs are never resumed as another's
+    quick = {name: study_config(study, parse(["reproduce", "--quick"])).out_dir for name, study in STUDIES.items()}
+    assert all(quick[name] == outs[name] + "-quick" for name in STUDIES)

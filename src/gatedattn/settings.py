@@ -44,7 +44,7 @@ class Setting:
     help: str
 
 
-def _dataclass_of(typ: Any) -> type | None:
+def dataclass_of(typ: Any) -> type | None:
     """The dataclass in ``typ`` (``X`` or ``X | None``), else None."""
     if dataclasses.is_dataclass(typ):
         return typ
@@ -70,8 +70,8 @@ def settings(cls: type, prefix: tuple[str, ...] = (), path: tuple[str, ...] = ()
             key_prefix = prefix if meta.get("flatten") else (*prefix, f.name)
             found = settings(target, key_prefix, (*path, f.name), sub_exclude)
             out += [s for s in found if len(s.path) == len(path) + 2]  # direct fields only
-        elif _dataclass_of(hints[f.name]) is not None:
-            out += settings(_dataclass_of(hints[f.name]), (*prefix, f.name), (*path, f.name), sub_exclude)
+        elif dataclass_of(hints[f.name]) is not None:
+            out += settings(dataclass_of(hints[f.name]), (*prefix, f.name), (*path, f.name), sub_exclude)
         else:
             out.append(Setting(".".join((*prefix, f.name)), (*path, f.name), hints[f.name], meta.get("help", "")))
     start = len(".".join(prefix)) + 1 if prefix else 0
@@ -90,6 +90,11 @@ def resolve(key: str, known: list[Setting]) -> Setting:
         raise ConfigError(f"--set key {key!r} is ambiguous; say which: {', '.join(s.key for s in matches)}")
     names = [s.key for s in known]
     close = difflib.get_close_matches(key, names, n=1)
+    if not close:  # a misspelt short key: compare it with the keys' last parts
+        last = {}
+        for name in names:
+            last.setdefault(name.rpartition(".")[2], name)
+        close = [last[k] for k in difflib.get_close_matches(key.rpartition(".")[2], list(last), n=1)]
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ConfigError(f"unknown --set key {key!r}{hint}; valid keys: {', '.join(names)}")
 
@@ -257,3 +262,12 @@ def help_text(cls: type, width: int = 90) -> str:
             lines.append(textwrap.fill(s.help, width=width, initial_indent="      ", subsequent_indent="      "))
     lines.append("values: booleans true/false; pairs and lists comma-separated (0.9,0.95); optional values: none")
     return "\n".join(lines)
+
+
+def with_values(cfg: Any, values: dict[str, Any]) -> Any:
+    """``cfg`` (a config with ``to_dict``/``from_dict``) with each dotted key of ``values``
+    (``"train.lr"``, ``"seeds"``) set to its value, checked as a whole by ``from_dict``."""
+    tree = cfg.to_dict()
+    for key, value in values.items():
+        tree = set_path(tree, tuple(key.split(".")), value)
+    return type(cfg).from_dict(tree)

@@ -40,9 +40,9 @@ from gatedattn.precision import resolve_dtype
 from gatedattn.provenance import run_meta, say
 from gatedattn.reproduce.calibration_report import sink_score, write_calibration_report
 from gatedattn.reproduce.claims import uniform_first_token_attention
-from gatedattn.settings import apply_sets, check_options, option
+from gatedattn.settings import apply_sets, build, check_options, option
 from gatedattn.reproduce.runner import (
-    ReproduceConfig, ensure_data, make_step, run_one,
+    TextConfig, ensure_data, make_step, run_one,
 )
 from gatedattn.timing import median_times
 
@@ -112,7 +112,7 @@ class CalibrationConfig:
     minutes_per_run: float = option(2.5, gt=0, help="minutes of training steps per lever (timed here first)")
     steps: int | None = option(None, gt=0, help="a fixed step count instead of the per-run minutes")
     evals: int = option(8, gt=0, help="sink measurements along training")
-    out_dir: str = option("runs/sink-calibration", help="output directory")
+    out_dir: str = option("runs/reproduce-calibrate", help="output directory")
     data_dir: str | None = option(None, help="prepared data for the levers that do not prepare their own")
     base_sets: tuple[str, ...] = option((), help="--set items that change every lever's base recipe")
     quick_base: bool = option(False, help="every lever on the quick reproduction's base (the --quick smoke run)")
@@ -121,6 +121,7 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         owner = "CalibrationConfig"
         object.__setattr__(self, "levers", tuple(self.levers))
+        object.__setattr__(self, "base_sets", tuple(self.base_sets))
         check_options(self)
         if not self.levers:
             raise ConfigError(f"{owner}.levers is empty; choose from {', '.join(LEVER_NAMES)}")
@@ -135,15 +136,22 @@ class CalibrationConfig:
     @classmethod
     def quick(cls, **changes: Any) -> "CalibrationConfig":
         """Well under a minute: three levers of the `tiny` recipe, a few steps each."""
-        base = dict(levers=QUICK_LEVERS, steps=12, evals=2, quick_base=True, out_dir="runs/sink-calibration-quick")
+        base = dict(levers=QUICK_LEVERS, steps=12, evals=2, quick_base=True, out_dir="runs/reproduce-calibrate-quick")
         return cls(**{**base, **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CalibrationConfig":
+        return build(cls, data)
 
     def chosen(self) -> list[Lever]:
         return [next(lv for lv in LEVERS if lv.name == name) for name in self.levers]
 
     def recipe(self, lever: Lever, *, steps: int, data_dir: str | None = None):
         """The lever's reproduction config: the baseline alone, ``steps`` steps, no extrapolation."""
-        make = ReproduceConfig.quick if self.quick_base else ReproduceConfig
+        make = TextConfig.quick if self.quick_base else TextConfig.make
         base = make(variants=("baseline",), steps=steps, budget_minutes=None, multiples=(), evals=self.evals,
                     progress=self.progress, data_dir=data_dir or self.data_dir)
         return apply_sets(base, [*self.base_sets, *lever.sets])
@@ -291,7 +299,7 @@ _RECIPE_FIELDS = ("lr", "weight_decay", "seq_len", "micro_batch")
 
 def main_default_lever(cfg: CalibrationConfig) -> str | None:
     """The lever whose recipe is the main job's default (``gatedattn reproduce``), if any."""
-    main = ReproduceConfig().train
+    main = TextConfig().train
     for lever in cfg.chosen():
         t = cfg.recipe(lever, steps=10).train
         if (not lever.own_data and t.model.size == main.model.size and t.model.overrides() == main.model.overrides()

@@ -32,7 +32,6 @@ from typing import Any, Callable
 
 from gatedattn.fmt import fmt_mean_std as _fmt
 from gatedattn.analysis.metrics import differs_beyond_noise
-from gatedattn.reproduce.rank_sweep import lowrank_outcome
 
 HELD, NOT_HELD, NOT_MEASURABLE = "held", "did not hold", "not measurable"
 # Sink and massive-activation claims need the gated value at most this share of the
@@ -54,11 +53,15 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Claim:
+    """One claim: ``judge`` reads a study's results; ``needs`` names the variants it is
+    judged on (a study that trained none of them leaves it out, where the registry says so)."""
+
     key: str
     source: str
     statement: str
     paper: str
     judge: Callable[[dict[str, Any]], Verdict]
+    needs: tuple[str, ...] = ()
 
 
 def _metric(results: dict, variant: str, metric: str) -> dict | None:
@@ -308,6 +311,32 @@ def _judge_overhead(m: float, se: float, text: str) -> Verdict:
     if m - NOISE_K * se > OVERHEAD_LIMIT:
         return Verdict(NOT_HELD, text + " (a small CPU model, where the gate is a larger share of the FLOPs than at paper scale)")
     return Verdict(NOT_MEASURABLE, text + f"; too close to {100 * OVERHEAD_LIMIT:g} % to tell")
+
+
+SWEPT, REFERENCE = "hyga-lowrank", "gated"  # the rank sweep's swept variant and its full-rank reference
+
+
+def mean_rows(sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per sweep point: val loss averaged over seeds."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for r in sweep["rows"]:
+        key = (r["variant"], r["d_int"])
+        m = merged.setdefault(key, {**r, "losses": []})
+        m["losses"].append(r["val_loss"])
+    for m in merged.values():
+        m["val_loss"] = sum(m["losses"]) / len(m["losses"])
+    return list(merged.values())
+
+
+def lowrank_outcome(sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per d_int: gate FLOPs as a share of G1's and the val-loss difference to it."""
+    rows = mean_rows(sweep)
+    ref = next((r for r in rows if r["variant"] == REFERENCE), None)
+    if ref is None:
+        return []
+    return [{"d_int": r["d_int"], "share": r["gate_flops"] / ref["gate_flops"], "delta": r["val_loss"] - ref["val_loss"],
+             "loss": r["val_loss"], "ref_loss": ref["val_loss"], "seeds": len(r["losses"])}
+            for r in rows if r["variant"] == SWEPT]
 
 
 LOWRANK_SHARE = 0.35  # "a fraction of the G1 gate": the paper's d_int 32 costs 26 %

@@ -1,22 +1,19 @@
-"""``gatedattn reproduce``: the project's main job."""
+"""``gatedattn reproduce``: the project's main job and its studies (see
+:mod:`gatedattn.reproduce.studies` for the registry this command reads)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gatedattn.errors import ConfigError
-from gatedattn.precision import DTYPES
-from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
-from gatedattn.reproduce.mechanism import MechanismConfig
-from gatedattn.reproduce.mechanism_calibration import MechCalibrationConfig, run_mechanism_calibration
-from gatedattn.reproduce.mechanism_report import run_study
-from gatedattn.reproduce.runner import ReproduceConfig, reproduce, rewrite_report
 from gatedattn.io import check_writable
-from gatedattn.settings import apply_sets, help_text, parse_list
+from gatedattn.precision import DTYPES
+from gatedattn.reproduce.runner import ReproduceConfig
+from gatedattn.reproduce.studies import ALWAYS, STUDIES, Study, rewrite
+from gatedattn.settings import apply_sets, help_text, parse_list, with_values
 
 
 def _list_of(kind: type, flag: str):
@@ -26,146 +23,58 @@ def _list_of(kind: type, flag: str):
     return parse
 
 
-def _run_mechanism(args: argparse.Namespace) -> int:
-    given = {"variants": args.variants, "seeds": args.seeds, "steps": args.steps, "seq_len": args.seq_len,
-             "micro_batch": args.batch_size, "lr": args.lr, "workers": args.workers, "out_dir": args.out,
-             "progress": not args.quiet}
-    given = {k: v for k, v in given.items() if v is not None}
-    cfg = MechanismConfig.quick(**given) if args.quick else MechanismConfig(**given)
-    flags = {"variants": "--variants", "seeds": "--seeds", "steps": "--steps", "seq_len": "--seq-len",
-             "micro_batch": "--batch-size", "lr": "--lr", "workers": "--workers", "out_dir": "--out"}
-    cfg = apply_sets(cfg, args.set or [], flags)
-    check_writable(cfg.out_dir, "--out", kind="dir")
-    print(f"report: {run_study(cfg, command=_command())}")
-    return 0
-
-
-def _run_calibration(args: argparse.Namespace) -> int:
-    given = {"levers": args.levers, "minutes_per_run": args.budget_minutes, "steps": args.steps,
-             "data_dir": args.data, "out_dir": args.out, "base_sets": tuple(args.set or ()),
-             "progress": not args.quiet}
-    given = {k: v for k, v in given.items() if v is not None}
-    cfg = CalibrationConfig.quick(**given) if args.quick else CalibrationConfig(**given)
-    check_writable(cfg.out_dir, "--out", kind="dir")
-    print(f"report: {run_calibration(cfg, command=_command())}")
-    return 0
-
-
-def _run_mechanism_calibration(args: argparse.Namespace) -> int:
-    given = {"levers": args.levers, "steps": args.steps, "workers": args.workers, "out_dir": args.out,
-             "progress": not args.quiet}
-    given = {k: v for k, v in given.items() if v is not None}
-    cfg = MechCalibrationConfig.quick(**given) if args.quick else MechCalibrationConfig(**given)
-    check_writable(cfg.out_dir, "--out", kind="dir")
-    print(f"report: {run_mechanism_calibration(cfg, command=_command())}")
-    return 0
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
 
 
 def _command() -> str | None:
     return "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
 
 
-def _default_out(args: argparse.Namespace) -> str | None:
-    """Each study writes to a directory of its own unless --out says otherwise, so that one
-    study's runs are never resumed as another's (None: the config's default)."""
-    study = STUDIES[args.study or "main"]
-    if not study.own_dir:
-        return None
-    return f"runs/reproduce-{study.name}" + ("-quick" if args.quick else "")
-
-
-def _given(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``ReproduceConfig`` fields the flags give (a flag left out gives nothing)."""
-    given = {
-        "variants": args.variants, "seeds": args.seeds, "budget_minutes": args.budget_minutes,
-        "steps": args.steps, "preset": args.preset, "seq_len": args.seq_len, "micro_batch": args.batch_size,
-        "lr": args.lr, "lrs": args.lrs, "dtype": args.dtype, "data_dir": args.data, "out_dir": args.out or _default_out(args),
-        "multiples": args.multiples, "study": args.study, "progress": not args.quiet,
-        "ranks": args.ranks, "fold": tuple(args.fold) if args.fold else None,
-    }
-    given = {k: v for k, v in given.items() if v is not None}
-    if args.no_mechanism:
-        given["mechanism"] = None
-    if args.budget_minutes is not None and args.steps is None:
-        given["steps"] = None  # the budget decides the steps
-    if args.steps is not None and args.budget_minutes is None:
-        given["budget_minutes"] = None  # a fixed step count replaces the default budget
-    return given
-
-
-# ReproduceConfig keys a flag sets: a flag and --set may not both give a field
-_FLAG_KEYS = {"variants": "--variants", "seeds": "--seeds", "budget_minutes": "--budget-minutes",
-              "steps": "--steps", "train.model.size": "--preset", "train.seq_len": "--seq-len",
-              "train.micro_batch": "--batch-size", "train.lr": "--lr", "lrs": "--lrs", "train.dtype": "--dtype",
-              "multiples": "--multiples", "study": "--study", "ranks": "--ranks", "fold": "--fold"}
-
-
-def _reproduce_config(args: argparse.Namespace) -> ReproduceConfig:
-    """The ``ReproduceConfig`` of the main, lr and rank studies, from the flags and ``--set``."""
-    given = _given(args)
-    cfg = ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
-    # the run's place and data come from flags only
-    flags = {"out_dir": "--out", "train.data_dir": "--data",
-             **{k: f for k, f in _FLAG_KEYS.items() if getattr(args, f[2:].replace("-", "_"), None) is not None}}
-    return apply_sets(cfg, args.set or [], flags)
-
-
-def _run_reproduction(args: argparse.Namespace) -> int:
-    cfg = _reproduce_config(args)
-    if args.report_only:
-        print(f"report: {rewrite_report(cfg.out_dir)}")
-        return 0
-    check_writable(cfg.out_dir, "--out", kind="dir")
-    print(f"report: {reproduce(cfg, command=_command())}")
-    return 0
-
-
-@dataclass(frozen=True)
-class Study:
-    """One ``--study``: what it does (its help), the flags it takes besides --out, --quick
-    and -q, and how it runs."""
-
-    name: str
-    help: str
-    flags: tuple[str, ...]
-    run: Callable[[argparse.Namespace], int]
-    own_dir: bool = True  # its default --out is runs/reproduce-<name> (else its config's)
-
-
-_REPRODUCTION_FLAGS = ("--variants", "--budget-minutes", "--steps", "--seeds", "--data", "--preset", "--seq-len",
-                       "--batch-size", "--lr", "--lrs", "--ranks", "--fold", "--dtype", "--multiples", "--set",
-                       "--report-only")
-STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study("main", "the main job: the mechanism study, then natural text", (*_REPRODUCTION_FLAGS, "--no-mechanism"),
-          _run_reproduction, own_dir=False),
-    Study("lr", "the learning-rate stability study", _REPRODUCTION_FLAGS, _run_reproduction),
-    Study("rank", "the HyGA low-rank width sweep", _REPRODUCTION_FLAGS, _run_reproduction),
-    Study("mechanism", "the Bigram-Backcopy mechanism study (attention sinks in one-head models, minutes on a CPU)",
-          ("--variants", "--steps", "--seeds", "--seq-len", "--batch-size", "--lr", "--workers", "--set"),
-          _run_mechanism),
-    Study("calibrate", "the natural-text sink calibration (when the baseline's first-token sink forms, per lever)",
-          ("--levers", "--budget-minutes", "--steps", "--data", "--set"), _run_calibration),
-    Study("calibrate-mechanism", "the mechanism recipe's calibration (which recipe grows the full Bigram-Backcopy "
-                                 "sink; the gate on every one)", ("--levers", "--steps", "--workers"),
-          _run_mechanism_calibration),
-)}
-_ALWAYS = ("--study", "--out", "--quick", "--quiet")
+def _given(args: argparse.Namespace) -> list[str]:
+    """Every study flag given on the command line, in the order of the registry."""
+    known = dict.fromkeys(f for s in STUDIES.values() for f in s.flag_names())
+    return [f for f in known if getattr(args, _dest(f), None) not in (None, False, [])]
 
 
 def _check_flags(study: Study, args: argparse.Namespace) -> None:
     """Refuse, in one line, every flag given that the study does not take."""
-    known = dict.fromkeys(f for s in STUDIES.values() for f in s.flags)  # every study flag, in order
-    given = [f for f in known if getattr(args, f[2:].replace("-", "_"), None) not in (None, False)]
-    unused = [f for f in given if f not in study.flags]
+    unused = [f for f in _given(args) if f not in study.flag_names()]
     if unused:
-        takes = ", ".join(study.flags + _ALWAYS)
+        takes = ", ".join(study.flag_names() + ALWAYS)
         raise ConfigError(f"{', '.join(unused)} do not apply to --study {study.name}; it takes {takes}")
+
+
+def study_config(study: Study, args: argparse.Namespace) -> Any:
+    """The study's config: its defaults (or its ``quick`` run's), each given flag's value
+    at the key it sets, then ``--set`` items (a key a given flag sets, or an
+    ``only_flag`` key, may not also come from ``--set``)."""
+    values: dict[str, Any] = {}
+    refused: dict[str, str] = {}
+    for flag, spec in study.flags.items():
+        given = getattr(args, _dest(flag), None)
+        if spec.only_flag:
+            refused[spec.key] = flag
+        if given in (None, False, []):
+            continue
+        values.update(dict.fromkeys(spec.clears))
+        values[spec.key] = spec.value if spec.switch else tuple(given) if isinstance(given, list) else given
+        refused[spec.key] = flag
+    cfg = study.config.quick() if args.quick else study.config()
+    cfg = with_values(cfg, values)
+    return apply_sets(cfg, args.set or [], refused) if study.takes_sets else cfg
 
 
 def _run(args: argparse.Namespace) -> int:
     study = STUDIES[args.study or "main"]
     _check_flags(study, args)
-    return study.run(args)
+    cfg = study_config(study, args)
+    if args.report_only:
+        print(f"report: {rewrite(study, cfg.out_dir)}")
+        return 0
+    check_writable(cfg.out_dir, "--out", kind="dir")
+    print(f"report: {study.run(cfg, _command())}")
+    return 0
 
 
 def register(sub) -> None:
@@ -179,8 +88,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, help="fixed training steps per run instead of a budget (--quick: 40)")
     p.add_argument("--seeds", type=int, help="seeds per variant (default 3; --quick: 1); with 2+ the report tests seed noise")
     p.add_argument("--data", help="prepared data directory (default: the bundled corpus, prepared once)")
-    p.add_argument("--out", help="output directory (default runs/reproduce, runs/reproduce-<study> for --study lr "
-                                 "and rank; -quick appended with --quick)")
+    p.add_argument("--out", help="output directory (default runs/reproduce, runs/reproduce-<study> for the other "
+                                 "studies; -quick appended with --quick)")
     p.add_argument("--preset", help="model size preset (default small)")
     p.add_argument("--seq-len", type=int, help="training context (default 256)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
@@ -200,12 +109,13 @@ def register(sub) -> None:
                         "lists them)")
     p.add_argument("--workers", type=int, help="--study mechanism and calibrate-mechanism: runs trained at a time "
                                                 "(default 2)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the reproduction or its training (repeatable; keys below)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the study's config (repeatable; "
+                                                                       "the main job's keys below)")
     p.add_argument("--no-mechanism", action="store_true",
                    help="the main job without its first part (the Bigram-Backcopy mechanism study): natural text only")
     p.add_argument("--report-only", action="store_true",
-                   help="main, lr, rank: write report.md and the plots again from --out's results.json (no training; "
-                        "the claims judged anew)")
+                   help="write report.md and the plots again from --out's results.json (no training; the claims "
+                        "judged anew)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run)

@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -37,7 +37,7 @@ from gatedattn.errors import ConfigError, Interrupted
 from gatedattn.fmt import fmt_mean_std as _fmt
 from gatedattn.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce.claims import (
-    HELD, NOT_HELD, NOT_MEASURABLE, Verdict, compare, compare_metrics,
+    HELD, NOT_HELD, NOT_MEASURABLE, Claim, Verdict, compare, compare_metrics,
     uniform_first_token_attention,
 )
 from gatedattn.model import GatedLM
@@ -472,23 +472,30 @@ def _sink_takes_the_role(results: dict) -> Verdict:
 
 
 # (key, claim, variants it needs, judge)
-MECHANISM_CLAIMS: list[tuple[str, str, tuple[str, ...], Any]] = [
-    ("mech-sink", "The baseline's ordinary positions attend to BOS (≥ 0.5 of their attention)", ("baseline",),
-     _sink_forms),
-    ("mech-drain", f"The baseline's BOS value vector drains (‖v_BOS‖ ≤ {DRAIN:g}× the others', every seed)",
-     ("baseline",), _norm_claim("value", None)),
-    ("mech-peak", f"The baseline's BOS residual state peaks (‖h_BOS‖ ≥ {PEAK:g}× the others', every seed)",
-     ("baseline",), _norm_claim("resid", None)),
-    *[(f"mech-drain-{v}", f"The value-state drain vanishes with `{v}`", ("baseline", v), _norm_claim("value", v))
+SOURCE = "Bigram-Backcopy"  # the mechanism claims' source: the task of Guo et al. 2024 built to show the sink
+
+
+def _claim(key: str, statement: str, needs: tuple[str, ...], judge: Callable[[dict], Verdict]) -> Claim:
+    return Claim(key, SOURCE, statement, "", judge, needs)
+
+
+MECHANISM_CLAIMS: list[Claim] = [
+    _claim("mech-sink", "The baseline's ordinary positions attend to BOS (≥ 0.5 of their attention)", ("baseline",),
+           _sink_forms),
+    _claim("mech-drain", f"The baseline's BOS value vector drains (‖v_BOS‖ ≤ {DRAIN:g}× the others', every seed)",
+           ("baseline",), _norm_claim("value", None)),
+    _claim("mech-peak", f"The baseline's BOS residual state peaks (‖h_BOS‖ ≥ {PEAK:g}× the others', every seed)",
+           ("baseline",), _norm_claim("resid", None)),
+    *[_claim(f"mech-drain-{v}", f"The value-state drain vanishes with `{v}`", ("baseline", v), _norm_claim("value", v))
       for v in ("gated",)],
-    *[(f"mech-peak-{v}", f"The residual-state peak vanishes with `{v}`", ("baseline", v), _norm_claim("resid", v))
+    *[_claim(f"mech-peak-{v}", f"The residual-state peak vanishes with `{v}`", ("baseline", v), _norm_claim("resid", v))
       for v in ("gated",)],
-    *[(f"mech-removes-{v}", f"`{v}` removes the sink (≤ 0.5× the baseline's BOS attention)", ("baseline", v),
-       _removes(v)) for v in GATED],
-    *[(f"mech-selective-{v}", f"`{v}`'s gate opens on triggers and closes elsewhere", (v,), _selective(v))
+    *[_claim(f"mech-removes-{v}", f"`{v}` removes the sink (≤ 0.5× the baseline's BOS attention)", ("baseline", v),
+             _removes(v)) for v in GATED],
+    *[_claim(f"mech-selective-{v}", f"`{v}`'s gate opens on triggers and closes elsewhere", (v,), _selective(v))
       for v in GATED],
-    ("mech-learnable-sink", "The learnable sink takes the sink's role (`sink`)", ("baseline", "sink"),
-     _sink_takes_the_role),
+    _claim("mech-learnable-sink", "The learnable sink takes the sink's role (`sink`)", ("baseline", "sink"),
+           _sink_takes_the_role),
 ]
 
 
@@ -496,12 +503,20 @@ def judge_mechanism(results: dict) -> list[dict[str, str]]:
     """One row per claim whose variants ran: key, claim, verdict, what was measured."""
     present = set(results.get("summary", {}))
     rows = []
-    for key, statement, needs, judge in MECHANISM_CLAIMS:
-        if not set(needs) <= present:
+    for claim in MECHANISM_CLAIMS:
+        if not set(claim.needs) <= present:
             continue
-        verdict = judge(results)
-        rows.append({"key": key, "claim": statement, "verdict": verdict.status, "measured": verdict.measured})
+        verdict = claim.judge(results)
+        rows.append({"key": claim.key, "claim": claim.statement, "verdict": verdict.status, "measured": verdict.measured})
     return rows
+
+
+def judge_depths(results: dict[str, Any]) -> dict[str, Any]:
+    """A mechanism study's ``results`` with each depth's claims judged anew by the
+    current rules (a report written again from results.json)."""
+    for block in results.get("depths", {}).values():
+        block["claims"] = judge_mechanism({"summary": block["summary"], "config": {"seq_len": results["config"]["seq_len"]}})
+    return results
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -42,7 +42,7 @@ from gatedattn.reproduce.mechanism import (
     REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, ensure_task_data, run_one, study_meta,
 )
 from gatedattn.provenance import say
-from gatedattn.settings import check_options, option
+from gatedattn.settings import build, check_options, option
 
 VARIANTS = ("baseline", "gated", "sink")
 ANCHOR = ("Guo et al.'s own Bigram-Backcopy runs (1 layer, d_model 256, learned positions, LayerNorm, untied "
@@ -98,7 +98,7 @@ class MechCalibrationConfig:
     finalists: int = option(3, ge=0, help="levers besides the default that get finalist_seeds seeds (largest sinks)")
     finalist_seeds: int = option(3, gt=0, help="seeds of the default and the finalists")
     workers: int = option(2, gt=0, help="runs trained at a time (one thread each)")
-    out_dir: str = option("runs/mechanism-calibration", help="output directory")
+    out_dir: str = option("runs/reproduce-calibrate-mechanism", help="output directory")
     quick_recipe: bool = option(False, help="every lever with small batches and stream (the --quick smoke run)")
     progress: bool = option(True, help="progress messages")
 
@@ -111,8 +111,15 @@ class MechCalibrationConfig:
     @classmethod
     def quick(cls, **changes: Any) -> "MechCalibrationConfig":
         base = dict(levers=QUICK_LEVERS, steps=60, evals=2, finalists=0, finalist_seeds=1, workers=1, quick_recipe=True,
-                    out_dir="runs/mechanism-calibration-quick")
+                    out_dir="runs/reproduce-calibrate-mechanism-quick")
         return cls(**{**base, **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MechCalibrationConfig":
+        return build(cls, data)
 
     def lever_config(self, lever: MechLever, seeds: int) -> MechanismConfig:
         base = MechanismConfig(variants=VARIANTS, depths=(1,), deep_variants=(), seeds=seeds, steps=self.steps,

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from gatedattn.analysis import plots
 from gatedattn.analysis.registry import TEXT_METRICS, columns
@@ -13,8 +11,7 @@ from gatedattn.fmt import fmt_cell
 from gatedattn.io import atomic_write_text
 from gatedattn.reproduce.mechanism import MechanismConfig
 from gatedattn.reproduce.mechanism_report import mechanism_section
-from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM, first_unstable_lr, judge_all
-from gatedattn.reproduce.rank_sweep import rank_section
+from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM, judge_all
 
 # A report section: (results, output directory) -> markdown lines; it may write plots there.
 Section = Callable[[dict, Path], list[str]]
@@ -216,8 +213,6 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
     for name, file in made.items():
         lines += [f"### {captions.get(name, name)}", "", f"![{name}]({file})", ""]
     lines += _extrapolation_table(results)
-    if results.get("lr_study"):
-        lines += _lr_table(results["lr_study"])
     for section in sections:
         lines += section(results, out)
     folded = results.get("folded") or []
@@ -298,37 +293,18 @@ def _extrapolation_table(results: dict) -> list[str]:
     return lines + [""] if lines else []
 
 
-def _lr_table(study: dict[str, Any]) -> list[str]:
-    lines = ["## Learning-rate study", ""]
-    if study.get("recipe"):
-        lines += [f"Recipe: {study['recipe']}.", ""]
-    lines += ["| variant | LR | final loss | loss spikes | diverged |", "|---|---:|---:|---:|---|"]
-    for r in sorted(study["runs"], key=lambda r: (r["lr"], r["variant"])):
-        loss = r.get("final_loss")
-        loss_s = f"{loss:.3f}" if loss is not None and math.isfinite(loss) else str(loss)
-        lines.append(f"| `{r['variant']}` | {r['lr']:g} | {loss_s} | {r.get('spikes', 0)} | {'yes' if r.get('diverged') else 'no'} |")
-    lines += ["", "| variant | first loss spike at LR | first divergence at LR |", "|---|---:|---:|"]
-    for v in dict.fromkeys(r["variant"] for r in study["runs"]):
-        first = first_unstable_lr(study["runs"], v)
-        lines.append(f"| `{v}` | {first['spike'] if first['spike'] is not None else 'none'} | "
-                     f"{first['diverged'] if first['diverged'] is not None else 'none'} |")
-    return lines + [""]
-
-
-STUDY_CLAIMS = {"lr_study": ("learning-rate study", "ga-stability"), "rank_sweep": ("HyGA low-rank sweep", "hyga-lowrank")}
-
-
-def write_study_report(results: dict, out: str | Path) -> Path:
-    """``report.md`` for an lr or rank study alone (``--study lr`` / ``--study rank``)."""
+def write_study_report(results: dict, out: str | Path, *, title: str, key: str, section: Section,
+                       claims: Sequence[str]) -> Path:
+    """``report.md`` of a study run on its own (the lr and rank studies): its provenance,
+    its ``section`` and the verdicts of its ``claims`` (keys of ``CLAIMS``); ``key``:
+    where its results sit in ``results``."""
     out = Path(out)
     meta = results["meta"]
-    key = next(k for k in STUDY_CLAIMS if results.get(k))
-    title, claim_key = STUDY_CLAIMS[key]
     cfg = results.get("config") or {}
     lines = [f"# gatedattn {title}", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
              f"Model: {meta['model']}, T {cfg.get('seq_len')}  ", f"Steps per run: {results[key]['steps']}", ""]
-    lines += _lr_table(results[key]) if key == "lr_study" else rank_section(results, out)
-    claim = next(c for c in CLAIMS if c.key == claim_key)
-    verdict = claim.judge(results)
-    lines += [f"**{claim.statement}** (paper: {claim.paper}): {verdict.status} — {verdict.measured}", ""]
+    lines += section(results, out)
+    for claim in (c for c in CLAIMS if c.key in claims):
+        verdict = claim.judge(results)
+        lines += [f"**{claim.statement}** (paper: {claim.paper}): {verdict.status} — {verdict.measured}", ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))

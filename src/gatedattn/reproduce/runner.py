@@ -14,14 +14,15 @@ continue from their last checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import statistics
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
@@ -37,19 +38,17 @@ from gatedattn.precision import resolve_dtype
 from gatedattn.provenance import run_meta, say
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.mechanism import (
-    MechanismConfig, build_results as mechanism_results, judge_mechanism, train_runs,
+    MechanismConfig, build_results as mechanism_results, judge_depths, train_runs,
 )
-from gatedattn.reproduce.rank_sweep import REFERENCE, SWEPT, points, rank_section, with_rank
-from gatedattn.reproduce.report import write_report, write_study_report
+from gatedattn.reproduce.report import Section, write_report
 from gatedattn.timing import interleaved_times, median_times
-from gatedattn.settings import check_options, option
+from gatedattn.settings import build, check_options, dataclass_of, option
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.config import ModelRecipe, has_gate
 from gatedattn.train.metrics import read_records
 from gatedattn.train.trainer import Trainer
 from gatedattn.variants import VARIANTS
 
-STUDIES = ("main", "lr", "rank")  # the studies of PARTS
 SUMMARY_METRICS = keys(TEXT_METRICS, "analysis")
 
 
@@ -66,69 +65,68 @@ def _base_train() -> TrainConfig:
 # TrainConfig fields that the reproduction sets for each run itself (the base recipe's
 # variant only stands in for the gated ones, so that gate settings are checked at once)
 _PER_RUN = ("out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant")
+# the names ``TextConfig.make`` routes into ``train``
+_TRAIN_NAMES = frozenset({f.name for f in dataclasses.fields(TrainConfig)} | {"variant", "preset", "model_overrides"})
 
 
 @dataclass(frozen=True)
-class ReproduceConfig:
-    """One reproduction: every variant trains ``steps`` steps with the settings of
+class TextConfig:
+    """The natural-text study: every variant trains ``steps`` steps with the settings of
     ``train`` (a base ``TrainConfig``; each run sets its variant, seed, steps, output
-    directory and evaluation and checkpoint intervals). With ``budget_minutes`` instead,
-    the step count is derived from timing the trainer's own step of each variant on this
-    machine first (the same count for every variant, on the same batches in the same
-    order, so every variant sees the same tokens); about 80 % of the budget goes to
-    training, the rest to evaluation and analysis. ``budget_minutes`` is the default, so
-    the main job takes about the same wall time on a fast and on a slow CPU; a slower
-    machine trains fewer tokens, and the report says how many.
+    directory and evaluation and checkpoint intervals), then is analysed on held-out text.
+    With ``budget_minutes`` instead, the step count is derived from timing the trainer's
+    own step of each variant on this machine first (the same count for every variant, on
+    the same batches in the same order, so every variant sees the same tokens); about 80 %
+    of the budget goes to training, the rest to evaluation and analysis. ``budget_minutes``
+    is the default, so the study takes about the same wall time on a fast and on a slow
+    CPU; a slower machine trains fewer tokens, and the report says how many.
 
     The default runs ``baseline`` and ``gated`` with 3 seeds each, so that every claim is
     judged against seed noise; the recipe (no q/k norm, LR 1e-2) is the one the sink
     calibration found to grow the baseline's first-token sink fastest at this budget.
 
-    Fields of ``TrainConfig`` may be passed directly (``ReproduceConfig(lr=1e-2,
-    preset="tiny")``); they change ``train``."""
+    :meth:`make` takes fields of ``TrainConfig`` by name as well (``make(lr=1e-2,
+    preset="tiny")`` changes ``train``). The learning-rate and rank studies and the main
+    job extend this config with their own fields."""
+
+    COMMAND: ClassVar[str] = "gatedattn reproduce --study text"
+    QUICK_OUT: ClassVar[str] = "runs/reproduce-text-quick"
 
     variants: tuple[str, ...] = option(("baseline", "gated"), help="attention presets to compare")
     seeds: int = option(3, gt=0, help="seeds per variant; with 2+ the report tests seed noise")
-    budget_minutes: float | None = option(20.0, help="wall-clock budget: time each variant's training step "
-                                                     "first and fit the steps to it (instead of steps)")
-    steps: int | None = option(None, help="fixed training steps per run (instead of budget_minutes)")
-    out_dir: str = option("runs/reproduce", help="output directory")
+    budget_minutes: float | None = option(20.0, gt=0, help="wall-clock budget: time each variant's training step "
+                                                           "first and fit the steps to it (instead of steps)")
+    steps: int | None = option(None, gt=0, help="fixed training steps per run (instead of budget_minutes)")
+    out_dir: str = option("runs/reproduce-text", help="output directory")
     evals: int = option(8, gt=0, help="evaluations (with the sink metrics) per run")
     analysis_sequences: int = option(32, gt=0, help="validation sequences the final analysis reads")
     multiples: tuple[int, ...] = option((1, 2, 4, 8), ge=1, help="extrapolation lengths as multiples of the context")
-    study: str = option("main", choices=STUDIES, help="main, lr (the learning-rate stability study) or rank (HyGA's low-rank "
-                                     "width against gate cost)")
-    lrs: tuple[float, ...] = option((1e-3, 3e-3, 1e-2, 3e-2), gt=0, help="learning-rate ladder of the lr study")
-    ranks: tuple[int, ...] = option((8, 16, 32, 64), gt=0, help="inner widths d_int of hyga-lowrank in the rank study")
-    fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
-                                            "report's claims table")
     timing_rounds: int = option(7, ge=3, help="interleaved rounds of the step-time measurement after training "
                                               "(the overhead claim's noise estimate needs 3 or more)")
     min_steps: int = option(500, gt=0, help="fewest training steps a budget-fitted run may get: below it the "
-                                      "reproduction steps down to a smaller preset, then to fewer seeds")
-    mechanism: MechanismConfig | None = field(default_factory=MechanismConfig, metadata={
-        "help": "the Bigram-Backcopy mechanism study that opens the main job (None: natural text only)",
-        "exclude": ("out_dir", "progress")})
+                                            "study steps down to a smaller preset, then to fewer seeds")
     train: TrainConfig = field(default_factory=_base_train, metadata={
         "help": "the base training settings of every run", "exclude": _PER_RUN})
 
     def __post_init__(self) -> None:
-        owner = "ReproduceConfig"
+        owner = type(self).__name__
         if not isinstance(self.train, TrainConfig):
             raise ConfigError(f"{owner}.train must be a TrainConfig, got {type(self.train).__name__}")
-        self._check_variants(owner)
-        if self.mechanism is not None and not isinstance(self.mechanism, MechanismConfig):
-            raise ConfigError(f"{owner}.mechanism must be a MechanismConfig or None, got {type(self.mechanism).__name__}")
-        for name in ("lrs", "ranks", "multiples"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+        for f in dataclasses.fields(self):  # lists (from JSON or a caller) become the declared tuples
+            if isinstance(getattr(self, f.name), list):
+                object.__setattr__(self, f.name, tuple(getattr(self, f.name)))
         check_options(self)
-        self._check_budget(owner)
-        self._check_ladders(owner)
+        self._check_variants(owner)
+        if (self.steps is None) == (self.budget_minutes is None):
+            raise ConfigError(f"{owner}: give exactly one of steps and budget_minutes "
+                              f"(got steps={self.steps}, budget_minutes={self.budget_minutes})")
+        if self.train.model.lm.get("position_embedding") == "learned" and max(self.multiples, default=1) > 1:
+            raise ConfigError(f"{owner}.multiples={self.multiples}: a model with position_embedding='learned' cannot "
+                              "be read beyond its training context; set multiples=1")
         for variant in self.variants:  # fail now, not after an hour: each run's config is valid
             self.train_config(variant, 0, steps=10)
 
     def _check_variants(self, owner: str) -> None:
-        object.__setattr__(self, "variants", tuple(self.variants))
         if not self.variants:
             raise ConfigError(f"{owner}.variants is empty; name at least one of: {', '.join(VARIANTS)}")
         for v in self.variants:
@@ -137,30 +135,32 @@ class ReproduceConfig:
         if len(set(self.variants)) != len(self.variants):
             raise ConfigError(f"{owner}.variants names a variant twice: {', '.join(self.variants)}")
 
-    def _check_ladders(self, owner: str) -> None:
-        """The ladders' cross-field rules (their bounds are the fields' own)."""
-        if not self.ranks or any(not isinstance(r, int) for r in self.ranks):
-            raise ConfigError(f"{owner}.ranks={self.ranks} must be one or more positive integers")
-        if self.train.model.lm.get("position_embedding") == "learned" and max(self.multiples, default=1) > 1:
-            raise ConfigError(f"{owner}.multiples={self.multiples}: a model with position_embedding='learned' cannot "
-                              "be read beyond its training context; set multiples=1")
-
-    def _check_budget(self, owner: str) -> None:
-        if (self.steps is None) == (self.budget_minutes is None):
-            raise ConfigError(f"{owner}: give exactly one of steps and budget_minutes "
-                              f"(got steps={self.steps}, budget_minutes={self.budget_minutes})")
-        if self.steps is not None and self.steps <= 0:
-            raise ConfigError(f"{owner}.steps={self.steps} must be > 0")
-        if self.budget_minutes is not None and self.budget_minutes <= 0:
-            raise ConfigError(f"{owner}.budget_minutes={self.budget_minutes} must be > 0")
+    @classmethod
+    def make(cls, **fields: Any) -> Any:
+        """The config with ``fields``, where a ``TrainConfig`` field (or ``preset``,
+        ``variant``, ``model_overrides``) given by name changes ``train``, and ``steps``
+        given without ``budget_minutes`` replaces the budget (and the other way round)."""
+        fields = _route_train_fields(cls, fields)
+        for given, other in (("steps", "budget_minutes"), ("budget_minutes", "steps")):
+            if fields.get(given) is not None and other not in fields:
+                fields[other] = None
+        return cls(**fields)
 
     @classmethod
-    def quick(cls, **changes: Any) -> "ReproduceConfig":
+    def quick(cls, **changes: Any) -> Any:
         """About a minute on a 2-core CPU: a smoke test of the whole pipeline."""
-        base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, budget_minutes=None, warmup_steps=5, evals=2, seeds=1,
-                    analysis_sequences=8, multiples=(1, 2), lrs=(3e-3, 3e-2), out_dir="runs/reproduce-quick",
-                    mechanism=MechanismConfig.quick(), min_steps=10, timing_rounds=3)
-        return cls(**{**base, **changes})
+        base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, budget_minutes=None, warmup_steps=5, evals=2,
+                    seeds=1, analysis_sequences=8, multiples=(1, 2), out_dir=cls.QUICK_OUT, min_steps=10,
+                    timing_rounds=3, **cls._quick_fields())
+        return cls.make(**{**base, **changes})
+
+    @classmethod
+    def _quick_fields(cls) -> dict[str, Any]:
+        """The quick run's values of a subclass's own fields."""
+        return {}
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)
 
     @property
     def data_dir(self) -> str | None:
@@ -179,40 +179,63 @@ class ReproduceConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["train"] = self.train.to_dict()
-        d["mechanism"] = None if self.mechanism is None else self.mechanism.to_dict()
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        d = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            d[f.name] = (value.to_dict() if hasattr(value, "to_dict") else
+                         list(value) if isinstance(value, tuple) else value)
+        return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ReproduceConfig":
+    def from_dict(cls, data: dict[str, Any]) -> Any:
         data = dict(data)
-        for name in ("variants", "multiples", "lrs", "ranks", "fold"):
-            if isinstance(data.get(name), list):
-                data[name] = tuple(data[name])
-        if isinstance(data.get("train"), dict):
-            data["train"] = TrainConfig.from_dict(data["train"])
-        if isinstance(data.get("mechanism"), dict):
-            data["mechanism"] = MechanismConfig.from_dict(data["mechanism"])
-        return cls(**data)
+        for f in dataclasses.fields(cls):  # the nested configs of the tree
+            sub = dataclass_of(typing.get_type_hints(cls)[f.name])
+            if sub is not None and isinstance(data.get(f.name), dict):
+                data[f.name] = sub.from_dict(data[f.name])
+        return build(cls, data)
 
 
-def _route_train_fields(init):
-    """``ReproduceConfig(lr=..., preset=...)``: TrainConfig fields go into ``train``."""
-    own = {f.name for f in dataclasses.fields(ReproduceConfig)}
-    train_names = {f.name for f in dataclasses.fields(TrainConfig)} | {"variant", "preset", "model_overrides"}
+@dataclass(frozen=True)
+class ReproduceConfig(TextConfig):
+    """The main job: the Bigram-Backcopy mechanism study (``mechanism``), then the
+    natural-text study (the fields of :class:`TextConfig`); ``fold`` joins the results of
+    learning-rate and rank studies run apart to its claims."""
 
-    @functools.wraps(init)
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        moved = {k: kw.pop(k) for k in list(kw) if k not in own and k in train_names}
-        if moved:
-            kw["train"] = (kw.get("train") or _base_train()).replace(**moved)
-        init(self, *args, **kw)
+    COMMAND: ClassVar[str] = "gatedattn reproduce"
+    QUICK_OUT: ClassVar[str] = "runs/reproduce-quick"
 
-    return __init__
+    out_dir: str = option("runs/reproduce", help="output directory")
+    fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
+                                            "report's claims table")
+    mechanism: MechanismConfig | None = field(default_factory=MechanismConfig, metadata={
+        "help": "the Bigram-Backcopy mechanism study that opens the main job (None: natural text only)",
+        "exclude": ("out_dir", "progress")})
+
+    def __post_init__(self) -> None:
+        if self.mechanism is not None and not isinstance(self.mechanism, MechanismConfig):
+            raise ConfigError(f"ReproduceConfig.mechanism must be a MechanismConfig or None, "
+                              f"got {type(self.mechanism).__name__}")
+        super().__post_init__()
+
+    @classmethod
+    def _quick_fields(cls) -> dict[str, Any]:
+        return {"mechanism": MechanismConfig.quick()}
 
 
-ReproduceConfig.__init__ = _route_train_fields(ReproduceConfig.__init__)
+def _route_train_fields(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with those that are not ``cls``'s own moved into its ``train`` (a field
+    of neither is refused by name)."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    moved = {k: v for k, v in fields.items() if k not in own}
+    unknown = sorted(set(moved) - _TRAIN_NAMES)
+    if unknown:
+        raise ConfigError(f"{cls.__name__} has no field {unknown[0]!r}; fields are: {', '.join(sorted(own))} "
+                          "and those of TrainConfig")
+    routed = {k: v for k, v in fields.items() if k in own}
+    if moved:
+        routed["train"] = (routed.get("train") or _base_train()).replace(**moved)
+    return routed
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -222,7 +245,7 @@ def default_data_dir() -> Path:
     return Path(root) / "default-data-v1"
 
 
-def ensure_data(cfg: ReproduceConfig) -> Path:
+def ensure_data(cfg: TextConfig) -> Path:
     if cfg.data_dir:
         return Path(cfg.data_dir)
     path = default_data_dir()
@@ -236,20 +259,20 @@ def _say(msg: str) -> None:
     say("reproduce", msg)
 
 
-def make_step(cfg: ReproduceConfig, variant: str, data: TokenData) -> Callable[[], None]:
+def make_step(cfg: TextConfig, variant: str, data: TokenData) -> Callable[[], None]:
     """One call of the trainer's own ``train_step`` for ``variant``, as a function (for timing)."""
     trainer = Trainer(cfg.train_config(variant, 0, steps=1_000_000), data)
     return lambda: trainer.train_step()
 
 
-def time_steps(cfg: ReproduceConfig, data: TokenData, repeats: int = 5) -> dict[str, float]:
+def time_steps(cfg: TextConfig, data: TokenData, repeats: int = 5) -> dict[str, float]:
     """Seconds per training step of every variant here: medians of ``repeats`` interleaved
     rounds (odd rounds in reverse order, two untimed rounds first), so that a burst of
     load on the machine moves every variant's time alike and the median drops it."""
     return median_times({v: make_step(cfg, v, data) for v in cfg.variants}, repeats=repeats, warmup=2)
 
 
-def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int,
+def plan_steps(cfg: TextConfig, data: TokenData, n_runs_per_variant: int,
                counts: dict[str, int] | None = None) -> tuple[int, dict[str, float]]:
     """Training steps that fit the budget: 80 % of it for training, the rest for evaluation
     and analysis; every variant gets the same number of steps (the same tokens).
@@ -268,7 +291,7 @@ def plan_steps(cfg: ReproduceConfig, data: TokenData, n_runs_per_variant: int,
 STEP_DOWN_PRESETS = ("small", "tiny")  # smaller models to try, in order, when a budget fits too few steps
 
 
-def fit_plan(cfg: ReproduceConfig, data: TokenData) -> tuple[ReproduceConfig, int, dict[str, float], list[str]]:
+def fit_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[str, float], list[str]]:
     """The main job's plan: steps fitted to the budget, never fewer than ``min_steps``.
     Where the configured model and seeds do not fit that floor, step down: a smaller
     preset first (``STEP_DOWN_PRESETS``), then fewer seeds. Returns the config that runs,
@@ -295,7 +318,7 @@ def fit_plan(cfg: ReproduceConfig, data: TokenData) -> tuple[ReproduceConfig, in
     return dataclasses.replace(cfg, seeds=seeds), max(steps, cfg.min_steps), step_s, cuts
 
 
-def _fit(cfg: ReproduceConfig, step_s: dict[str, float], runs_per_variant: int) -> int:
+def _fit(cfg: TextConfig, step_s: dict[str, float], runs_per_variant: int) -> int:
     """Steps per run that fit 80 % of the budget (the rest: evaluation and analysis)."""
     per_step = sum(step_s.values()) * runs_per_variant
     steps = int(cfg.budget_minutes * 60 * 0.8 / per_step + 1e-9)
@@ -320,7 +343,7 @@ class SinkTracker:
 
 
 # ------------------------------------------------------------------------------ one run
-def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str, seed: int, steps: int,
+def run_one(cfg: TextConfig, data_dir: Path, data: TokenData, variant: str, seed: int, steps: int,
             out: Path, *, lr: float | None = None, analyse: bool = True, tag: str | None = None) -> dict[str, Any]:
     tag = tag or f"{variant}-s{seed}" + (f"-lr{lr:g}" if lr is not None else "")
     run_dir = out / "runs" / tag
@@ -343,7 +366,7 @@ def run_one(cfg: ReproduceConfig, data_dir: Path, data: TokenData, variant: str,
     return {**run, **analyse_run(cfg, data, run_dir, result.final_dir, result.steps, tcfg.seq_len, tag)}
 
 
-def analyse_run(cfg: ReproduceConfig, data: TokenData, run_dir: Path, final_dir: str, steps: int, seq_len: int,
+def analyse_run(cfg: TextConfig, data: TokenData, run_dir: Path, final_dir: str, steps: int, seq_len: int,
                 tag: str) -> dict[str, Any]:
     """The analysis (and extrapolation) of a finished run; kept in ``analysis.json`` so that
     a later call with the same analysis settings reuses it."""
@@ -429,69 +452,73 @@ def add_strongest_layer(results: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------ entry points
-def reproduce(cfg: ReproduceConfig, command: str | None = None) -> Path:
-    """Run the whole reproduction; returns the path of ``report.md``."""
+def reproduce(cfg: TextConfig, command: str | None = None, *, mechanism: MechanismConfig | None = None,
+              fold: tuple[str, ...] = (), foldable: Mapping[str, Section] = MappingProxyType({})) -> Path:
+    """The natural-text study of ``cfg``, after the mechanism study ``mechanism`` (its
+    runs in ``out/mechanism``) where one is given, with the studies written in the
+    directories ``fold`` joined to its claims; writes ``results.json`` and ``report.md``;
+    returns the report's path. ``foldable``: the results key of each study that may be
+    folded in, with its report section (from the study registry)."""
     started = time.time()
     out = Path(cfg.out_dir)
-    folds = read_folds(cfg.fold)
+    folds = read_folds(fold, tuple(foldable))
     data_dir = ensure_data(cfg)
     data = TokenData(data_dir, verify=True)  # every input checked before the output directory exists
     data.check_tokenizer()
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"config": {**cfg.to_dict(), **_report_fields(cfg.train)}, "variants": {}, "summary": {}}
-
-    cfg, steps, step_s, cuts, variants_run = PARTS[cfg.study](cfg, data_dir, data, out, results)
-
+    results: dict[str, Any] = {"study": _study_name(cfg), "config": {**cfg.to_dict(), **_report_fields(cfg.train)},
+                               "variants": {}, "summary": {}}
+    if mechanism is not None:
+        results["mechanism"] = run_mechanism_part(mechanism, out)
+        atomic_write_json(out / "results.json", json_safe(results))
+    cfg, steps, step_s, cuts = text_part(cfg, data_dir, data, out, results)
     add_strongest_layer(results)
-    fold_in(results, folds)
-    results["gate_cost"] = gate_costs(cfg, data, [*variants_run, "gated", "hyga-lowrank"])
-    if results["variants"]:
-        _say("timing training steps of each variant in interleaved rounds")
-        samples = interleaved_times({v: make_step(cfg, v, data) for v in variants_run}, repeats=cfg.timing_rounds,
-                                    warmup=2, per_sample=3)
-        results["step_time_samples"] = samples
-        results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
+    fold_in(results, folds, tuple(foldable))
+    results["gate_cost"] = gate_costs(cfg, data, [*cfg.variants, "gated", "hyga-lowrank"])
+    _say("timing training steps of each variant in interleaved rounds")
+    samples = interleaved_times({v: make_step(cfg, v, data) for v in cfg.variants}, repeats=cfg.timing_rounds,
+                                warmup=2, per_sample=3)
+    results["step_time_samples"] = samples
+    results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
     results["meta"] = _meta(cfg, data, command, started)
-    results["claims"] = judge_all(results) if results["variants"] else []
+    results["claims"] = judge_all(results)
     atomic_write_json(out / "results.json", json_safe(results))
-    if not results["variants"]:
-        return write_study_report(results, out)
-    return write_report(results, out, sections=[rank_section])
+    return write_report(results, out, sections=list(foldable.values()))
 
 
-# What one study of ``ReproduceConfig.study`` trains into ``results``: it returns the config
-# that ran, its steps, the timed seconds per step, what the plan cut and the variants it
-# trained (those the step-time measurement compares).
-Part = Callable[[ReproduceConfig, Path, TokenData, Path, dict[str, Any]],
-                tuple[ReproduceConfig, int, dict[str, float], list[str], list[str]]]
+def run_apart(cfg: TextConfig, command: str | None, key: str, study: Callable[..., dict[str, Any]],
+              report: Callable[[dict[str, Any], Path], Path]) -> Path:
+    """A study run on its own (the lr and rank studies): ``study(cfg, data_dir, data,
+    out)`` trains into ``results[key]``; writes ``results.json`` and, with ``report``,
+    ``report.md``; returns the report's path."""
+    started = time.time()
+    out = Path(cfg.out_dir)
+    data_dir = ensure_data(cfg)
+    data = TokenData(data_dir, verify=True)
+    data.check_tokenizer()
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"study": _study_name(cfg), "config": {**cfg.to_dict(), **_report_fields(cfg.train)},
+                               "variants": {}, "summary": {}}
+    results[key] = study(cfg, data_dir, data, out)
+    results["config"].update(steps=results[key]["steps"], batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
+                             seeds=list(range(cfg.seeds)))
+    results["meta"] = _meta(cfg, data, command, started)
+    atomic_write_json(out / "results.json", json_safe(results))
+    return report(results, out)
 
 
-def main_parts(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path, results: dict[str, Any]):
-    """The main job: part 1 (the mechanism study, unless ``mechanism`` is None), then part 2."""
-    if cfg.mechanism is not None:
-        results["mechanism"] = run_mechanism_part(cfg, out)
-        atomic_write_json(out / "results.json", json_safe(results))
-    cfg, steps, step_s, cuts = text_part(cfg, data_dir, data, out, results)
-    return cfg, steps, step_s, cuts, list(cfg.variants)
+def _study_name(cfg: TextConfig) -> str:
+    """The registered study a config runs (its command's ``--study``, or main)."""
+    return cfg.COMMAND.rpartition("--study ")[2] if "--study " in cfg.COMMAND else "main"
 
 
-def lr_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path, results: dict[str, Any]):
-    results["lr_study"] = lr_study(cfg, data_dir, data, out)
-    return cfg, results["lr_study"]["steps"], {}, [], ["baseline", "gated"]
-
-
-def rank_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path, results: dict[str, Any]):
-    results["rank_sweep"] = rank_sweep(cfg, data_dir, data, out)
-    return cfg, results["rank_sweep"]["steps"], {}, [], [REFERENCE, SWEPT]
-
-
-def text_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path,
-              results: dict[str, Any]) -> tuple[ReproduceConfig, int, dict[str, float], list[str]]:
-    """Part 2 of the main job: plan the steps (``fit_plan``), train and analyse every
-    variant and seed into ``results``; the config that ran, its steps, the timed step
-    seconds and what the plan cut."""
+def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path,
+              results: dict[str, Any]) -> tuple[TextConfig, int, dict[str, float], list[str]]:
+    """The natural-text study's training: plan the steps (``fit_plan``), train and analyse
+    every variant and seed into ``results``; the config that ran, its steps, the timed
+    step seconds and what the plan cut."""
     started = time.time()
     cfg, steps, step_s, cuts = fit_plan(cfg, data)
     results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train)}
@@ -504,17 +531,13 @@ def text_part(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path,
     return cfg, steps, step_s, cuts
 
 
-PARTS: dict[str, Part] = {"main": main_parts, "lr": lr_part, "rank": rank_part}
-
-
-def _meta(cfg: ReproduceConfig, data: TokenData, command: str | None, started: float) -> dict[str, Any]:
-    """The provenance of a reproduction, with its data, model and precision in words."""
+def _meta(cfg: TextConfig, data: TokenData, command: str | None, started: float) -> dict[str, Any]:
+    """The provenance of a study, with its data, model and precision in words."""
     mcfg = cfg.train_config("baseline", 0, steps=10).model_config(data.vocab_size)
     a = mcfg.attention
     n_params = sum(p.numel() for p in GatedLM(mcfg).parameters())
     return {
-        **run_meta(command or "gatedattn reproduce" + ("" if cfg.study == "main" else f" --study {cfg.study}"),
-                   started),
+        **run_meta(command or cfg.COMMAND, started),
         "data": f"{data.manifest.source} — {data.train_tokens:,} training / {data.val_tokens:,} validation tokens, "
                 f"vocab {data.vocab_size} (byte-level BPE)",
         "model": f"{mcfg.n_layers} layers, d_model {a.d_model}, {a.n_heads} heads ({a.n_kv_heads} KV), "
@@ -524,31 +547,21 @@ def _meta(cfg: ReproduceConfig, data: TokenData, command: str | None, started: f
     }
 
 
-def rewrite_report(out: str | Path) -> Path:
-    """``report.md`` and its plots written again from ``out/results.json``: no training and
-    no timing, the recorded numbers as they are, every claim judged anew by the current
-    rules (so a report regenerates after a change to the report or the rules)."""
-    out = Path(out)
-    path = out / "results.json"
-    if not path.is_file():
-        raise ConfigError(f"--report-only: {out} has no results.json (give the --out of a finished reproduction)")
-    results = read_json_object(path)
-    mech = results.get("mechanism")
-    for block in (mech or {}).get("depths", {}).values():
-        block["claims"] = judge_mechanism({"summary": block["summary"], "config": {"seq_len": mech["config"]["seq_len"]}})
+def rejudge(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with every claim judged anew by the current rules: the mechanism
+    study's at each depth, the natural-text study's (for ``--report-only``)."""
+    if results.get("mechanism"):
+        judge_depths(results["mechanism"])
     if results.get("variants"):
         results["claims"] = judge_all(results)
-    atomic_write_json(path, json_safe(results))
-    if not results.get("variants"):
-        return write_study_report(results, out)
-    return write_report(results, out, sections=[rank_section])
+    return results
 
 
-def run_mechanism_part(cfg: ReproduceConfig, out: Path) -> dict[str, Any]:
+def run_mechanism_part(mcfg: MechanismConfig, out: Path) -> dict[str, Any]:
     """The main job's first part: the mechanism study in ``out/mechanism`` (its runs are
     reused by a second call); its results, with the wall time it took."""
     started = time.time()
-    mcfg = cfg.mechanism.replace(out_dir=str(out / "mechanism"), progress=True)
+    mcfg = mcfg.replace(out_dir=str(out / "mechanism"), progress=True)
     _say(f"part 1: the mechanism study ({len(mcfg.plan())} runs of {mcfg.steps} steps, {mcfg.workers} at a time)")
     records = train_runs(mcfg, Path(mcfg.out_dir))
     results = mechanism_results(mcfg, mcfg.task(), records)
@@ -557,27 +570,25 @@ def run_mechanism_part(cfg: ReproduceConfig, out: Path) -> dict[str, Any]:
     return results
 
 
-FOLDABLE = ("lr_study", "rank_sweep")
-
-
-def read_folds(dirs: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
-    """The results of each study directory to fold in, read (and checked) before anything trains."""
+def read_folds(dirs: tuple[str, ...], keys: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """The results of each study directory to fold in (one that holds results under one
+    of ``keys``), read and checked before anything trains."""
     folds = []
     for d in dirs:
         if not (Path(d) / "results.json").is_file():
             raise ConfigError(f"ReproduceConfig.fold: {d} has no results.json (give the --out of an lr or rank study)")
         other = read_json_object(Path(d) / "results.json")
-        if not any(other.get(k) for k in FOLDABLE):
-            raise ConfigError(f"ReproduceConfig.fold: {d}/results.json holds no {' or '.join(FOLDABLE)}")
+        if not any(other.get(k) for k in keys):
+            raise ConfigError(f"ReproduceConfig.fold: {d}/results.json holds no {' or '.join(keys)}")
         folds.append((d, other))
     return folds
 
 
-def fold_in(results: dict[str, Any], folds: list[tuple[str, dict[str, Any]]]) -> None:
-    """Join each folded lr or rank study to ``results`` (the claims table then judges it
-    too); ``results["folded"]`` records each one's command."""
+def fold_in(results: dict[str, Any], folds: list[tuple[str, dict[str, Any]]], keys: tuple[str, ...]) -> None:
+    """Join the results (under ``keys``) of each folded study to ``results`` (the claims
+    table then judges them too); ``results["folded"]`` records each one's command."""
     for d, other in folds:
-        found = [k for k in FOLDABLE if other.get(k)]
+        found = [k for k in keys if other.get(k)]
         for key in found:
             results[key] = other[key]
         results.setdefault("folded", []).append(
@@ -592,7 +603,7 @@ def _report_fields(t: TrainConfig) -> dict[str, Any]:
             "schedule": t.schedule}
 
 
-def gate_costs(cfg: ReproduceConfig, data: TokenData, variants: list[str]) -> dict[str, dict[str, int]]:
+def gate_costs(cfg: TextConfig, data: TokenData, variants: list[str]) -> dict[str, dict[str, int]]:
     """Per attention layer of this run's model: parameters and FLOPs, total and of the gate."""
     costs = {}
     for v in dict.fromkeys(variants):
@@ -601,37 +612,6 @@ def gate_costs(cfg: ReproduceConfig, data: TokenData, variants: list[str]) -> di
         costs[v] = {"gate_params": c.params["gate"], "gate_flops": c.flops["gate"],
                     "params": c.total_params, "flops": c.total_flops}
     return costs
-
-
-def lr_study(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
-    """baseline and gated over a ladder of learning rates: which diverged, how many spikes."""
-    n = len(cfg.lrs)
-    probe = dataclasses.replace(cfg, variants=("baseline", "gated"))
-    steps, _ = plan_steps(probe, data, n)
-    runs = []
-    for lr in cfg.lrs:
-        for variant in ("baseline", "gated"):
-            r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
-            runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
-    return {"steps": steps, "runs": runs, "recipe": describe_recipe(cfg.train_config("baseline", 0, steps=steps), data.vocab_size)}
-
-
-def rank_sweep(cfg: ReproduceConfig, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
-    """Train every sweep point for the same steps; return the rows of the sweep."""
-    probe = dataclasses.replace(cfg, variants=(REFERENCE, SWEPT))
-    steps, _ = plan_steps(probe, data, cfg.seeds, counts={REFERENCE: 1, SWEPT: len(cfg.ranks)})
-    rows = []
-    for variant, d_int in points(cfg):
-        run_cfg = dataclasses.replace(with_rank(cfg, d_int), multiples=())
-        costs = gate_costs(run_cfg, data, [variant])[variant]
-        for seed in range(cfg.seeds):
-            tag = f"{variant}-s{seed}" + (f"-d{d_int}" if d_int is not None else "")
-            run = run_one(run_cfg, data_dir, data, variant, seed, steps, out, tag=tag)
-            analysis = run.get("analysis") or {}
-            rows.append({"variant": variant, "d_int": d_int, "seed": seed, "steps": run["steps"],
-                         "val_loss": analysis.get("val_loss", math.nan), "f_attn": analysis.get("f_attn"),
-                         "diverged": run["diverged"], **costs})
-    return {"steps": steps, "rows": rows}
 
 
 def describe_recipe(t: TrainConfig, vocab_size: int) -> str:

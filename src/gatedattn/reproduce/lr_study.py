@@ -1,0 +1,89 @@
+"""``gatedattn reproduce --study lr``: training stability over a ladder of learning rates.
+
+Every variant of ``LrConfig.variants`` (baseline and gated by default) trains once at each
+learning rate of ``lrs``, all for the same steps on the same batches; the table records
+each run's final loss, loss spikes and divergence, and the smallest learning rate at
+which each variant first spiked and first diverged. The claim it settles is the paper's
+"gating keeps training stable at a high learning rate" (``ga-stability`` in
+:mod:`gatedattn.reproduce.claims`). Its results fold into the main job's report with
+``gatedattn reproduce --fold DIR``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gatedattn.data import TokenData
+from gatedattn.reproduce.claims import first_unstable_lr
+from gatedattn.reproduce.report import write_study_report
+from gatedattn.reproduce.runner import TextConfig, describe_recipe, plan_steps, run_apart, run_one
+from gatedattn.settings import option
+
+KEY = "lr_study"  # where the study's results sit in results.json
+CLAIMS = ("ga-stability",)
+
+
+@dataclass(frozen=True)
+class LrConfig(TextConfig):
+    """The learning-rate study: the natural-text recipe of :class:`TextConfig` at each
+    learning rate of ``lrs`` (one seed; no analysis beyond the losses)."""
+
+    COMMAND: ClassVar[str] = "gatedattn reproduce --study lr"
+    QUICK_OUT: ClassVar[str] = "runs/reproduce-lr-quick"
+
+    out_dir: str = option("runs/reproduce-lr", help="output directory")
+    lrs: tuple[float, ...] = option((1e-3, 3e-3, 1e-2, 3e-2), gt=0, help="learning-rate ladder")
+
+    @classmethod
+    def _quick_fields(cls) -> dict[str, Any]:
+        return {"lrs": (3e-3, 3e-2)}
+
+
+def train_ladder(cfg: LrConfig, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
+    """Every variant at every learning rate: which diverged, how many spikes."""
+    steps, _ = plan_steps(cfg, data, len(cfg.lrs))
+    runs = []
+    for lr in cfg.lrs:
+        for variant in cfg.variants:
+            r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
+            runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
+    return {"steps": steps, "runs": runs, "recipe": describe_recipe(cfg.train_config("baseline", 0, steps=steps),
+                                                                   data.vocab_size)}
+
+
+def lr_section(results: dict[str, Any], out: Path) -> list[str]:
+    """The study's tables (nothing where ``results`` holds no learning-rate study)."""
+    study = results.get(KEY)
+    if not study:
+        return []
+    lines = ["## Learning-rate study", ""]
+    if study.get("recipe"):
+        lines += [f"Recipe: {study['recipe']}.", ""]
+    lines += ["| variant | LR | final loss | loss spikes | diverged |", "|---|---:|---:|---:|---|"]
+    lines += [_run_row(r) for r in sorted(study["runs"], key=lambda r: (r["lr"], r["variant"]))]
+    lines += ["", "| variant | first loss spike at LR | first divergence at LR |", "|---|---:|---:|"]
+    for v in dict.fromkeys(r["variant"] for r in study["runs"]):
+        first = {k: "none" if lr is None else lr for k, lr in first_unstable_lr(study["runs"], v).items()}
+        lines.append(f"| `{v}` | {first['spike']} | {first['diverged']} |")
+    return lines + [""]
+
+
+def _run_row(r: dict[str, Any]) -> str:
+    loss = r.get("final_loss")
+    loss_s = f"{loss:.3f}" if loss is not None and math.isfinite(loss) else str(loss)
+    return f"| `{r['variant']}` | {r['lr']:g} | {loss_s} | {r.get('spikes', 0)} | {'yes' if r.get('diverged') else 'no'} |"
+
+
+def write_lr_report(results: dict[str, Any], out: Path) -> Path:
+    return write_study_report(results, out, title="learning-rate study", key=KEY, section=lr_section, claims=CLAIMS)
+
+
+def run_lr(cfg: LrConfig, command: str | None = None) -> Path:
+    """Train the ladder; write results.json and report.md; returns the report's path."""
+    return run_apart(cfg, command, KEY, train_ladder, write_lr_report)
+
+
+__all__ = ["LrConfig", "lr_section", "run_lr", "train_ladder", "write_lr_report"]
