@@ -165,3 +165,34 @@ def test_each_study_config_takes_its_own_keys():
         apply_sets(RankConfig.quick(), ["lrs=1e-3"])
     with pytest.raises(ConfigError, match=r"variants='baseline' is not allowed; choose one of 'gated', 'hyga-lowrank'"):
         apply_sets(RankConfig.quick(), ["variants=baseline"])
+
+
+@pytest.mark.parametrize("item,match", [
+    ("model.norm_eps=nan", r"norm_eps=nan must be a finite number"),
+    ("model.norm_eps=-1", r"norm_eps=-1.0 must be > 0"),
+    ("model.init_std=-1", r"init_std=-1.0 must be > 0"),
+    ("model.init_std=nan", r"init_std=nan must be a finite number"),
+    ("rope.factor=nan", r"factor=nan must be a finite number"),
+    ("rope.beta_slow=nan", r"beta_slow=nan must be a finite number"),
+    ("rope.theta=inf", r"theta=inf must be a finite number"),
+    ("attention.norm_eps=inf", r"norm_eps=inf must be a finite number"),
+    ("gate.rank=nan", r"rank"),
+])
+def test_non_finite_and_out_of_range_model_values_are_refused_before_training(item, match):
+    with pytest.raises(ConfigError, match=match):
+        cfg = TrainConfig.from_sets({"preset": "micro", "variant": "hyga-lowrank"}, [item])
+        cfg.model_config(300)  # the model's own config is built (and checked) before any training
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_budgets_are_refused_before_anything_is_written(value, tmp_path, capsys):
+    from gatedattn.cli import main
+
+    out = tmp_path / "out"
+    for study in ("main", "lr", "calibrate"):
+        assert main(["reproduce", "--study", study, f"--budget-minutes={value}", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "must be finite" in err, err
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="must be finite"):
+        apply_sets(ReproduceConfig(), [f"mechanism.lr={value}"])

@@ -5,6 +5,8 @@ The CLI prints them as one line (no traceback) and exits with status 2.
 
 from __future__ import annotations
 
+import math
+
 
 class GatedAttnError(Exception):
     """A user-facing error: bad input, bad config, bad file."""
@@ -43,6 +45,8 @@ def check_types(obj) -> None:
             kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[typ]
             raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be {kind}"
                               + (" or null" if optional else ""))
+        if typ is float and not math.isfinite(value):
+            raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be a finite number")
         if typ is float and isinstance(value, int):
             object.__setattr__(obj, f.name, float(value))
 

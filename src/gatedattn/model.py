@@ -72,8 +72,8 @@ class ModelConfig:
     variant: str = option("custom", set=False, help="the attention preset the model was built from")
     max_seq_len: int = option(2048, help="the training context (default: seq_len)")
     tie_embeddings: bool = option(True, help="the LM head shares the token embedding matrix")
-    norm_eps: float = option(1e-6, help="epsilon of the blocks' RMSNorms")
-    init_std: float = option(0.02, help="standard deviation of the initial weights")
+    norm_eps: float = option(1e-6, gt=0, help="epsilon of the blocks' RMSNorms")
+    init_std: float = option(0.02, gt=0, help="standard deviation of the initial weights")
     embed_std: float | None = option(None, gt=0, help="standard deviation of the initial token (and position) "
                                                 "embeddings (default: init_std; 1.0 is GPT-2/BBM-style)")
     norm: str = option("rms", choices=NORMS, help="the blocks' and final norm: rms (RMSNorm) or layer (LayerNorm with bias)")

@@ -196,6 +196,9 @@ def check_options(obj: Any) -> None:
     owner = type(obj).__name__
     for f in dataclasses.fields(obj):
         value, meta = getattr(obj, f.name), f.metadata
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{owner}.{f.name}={value!r} must be finite (not NaN or infinite)")
         choices = meta.get("choices")
         if choices is not None:
             for item in value if isinstance(value, tuple) else (value,):
