@@ -245,3 +245,14 @@ def test_lora_on_attention_and_gate_projections(tmp_path, variant):
     assert type(merged).__name__ == "GatedAttnForCausalLM"
     with torch.no_grad():
         assert torch.allclose(merged(ids, attention_mask=mask).logits, eval_logits, atol=1e-5)
+
+
+def test_from_pretrained_takes_what_evaluation_harnesses_pass(tmp_path):
+    saved(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m", gguf_file=None, quantization_config=None,
+                                                 device_map={"": "cpu"}, dtype=torch.float32)
+    assert model.device.type == "cpu"
+    with pytest.raises(GatedAttnError, match="argument 'gguf_file' is not supported"):
+        type(model).from_pretrained(tmp_path / "m", gguf_file="model.gguf")
+    with pytest.raises(GatedAttnError, match="splits the model"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "m", device_map={"model.embed": "cpu", "model.blocks": "cpu"})

@@ -123,7 +123,8 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         """Load a local gatedattn directory (strictly, through ``GatedLM.from_pretrained``)."""
         if model_args:
             raise GatedAttnError("GatedAttnForCausalLM.from_pretrained takes no extra positional arguments")
-        unknown = sorted(set(kwargs) - _IGNORED_LOAD_ARGS)
+        # (an argument left at None asks for nothing: evaluation harnesses pass gguf_file=None and the like)
+        unknown = sorted(k for k, v in kwargs.items() if k not in _IGNORED_LOAD_ARGS and v is not None)
         if unknown:
             raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: argument {unknown[0]!r} is not supported")
         path = Path(pretrained_model_name_or_path) / subfolder
@@ -138,9 +139,13 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         if dtype is not None and dtype != "auto":
             lm = lm.to(dtype)
         if device_map is not None:
+            if isinstance(device_map, dict) and set(device_map) == {""}:
+                device_map = device_map[""]  # the whole model on one device
             if isinstance(device_map, dict):
-                raise GatedAttnError("GatedAttnForCausalLM.from_pretrained: a device_map dict is not supported; "
-                                     "pass one device")
+                raise GatedAttnError("GatedAttnForCausalLM.from_pretrained: a device_map dict that splits the model "
+                                     "is not supported; pass one device")
+            if isinstance(device_map, int):
+                device_map = f"cuda:{device_map}"
             if device_map == "auto":
                 device_map = "cuda" if torch.cuda.is_available() else "cpu"
             lm = lm.to(device_map)
