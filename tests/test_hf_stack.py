@@ -136,12 +136,16 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path, monkeypatch
     forward = Block.forward
     index = {id(b): i for i, b in enumerate(model.model.blocks)}
     monkeypatch.setattr(Block, "forward", lambda self, *a, **k: calls.append(index[id(self)]) or forward(self, *a, **k))
-    model.gradient_checkpointing_enable(every_n_layers=every)
+    if every == 1:  # the older name (deprecated in transformers 5), and the current one
+        with pytest.warns(FutureWarning):
+            model.gradient_checkpointing_enable()
+    else:
+        model.activation_checkpointing_enable(every_n_layers=every)
     assert model.is_activation_checkpointing
     checkpointed = grads()
     # a checkpointed block runs again in backward
     assert sorted(calls) == sorted([0, 1] + [i for i in range(2) if i % every == 0])
-    model.gradient_checkpointing_disable()
+    model.activation_checkpointing_disable()
     calls.clear()
     grads()
     assert calls == [0, 1] and not model.is_activation_checkpointing
@@ -217,6 +221,7 @@ LORA_TARGETS = {
 
 
 @pytest.mark.parametrize("variant", list(LORA_TARGETS))
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft reads it
 def test_lora_on_attention_and_gate_projections(tmp_path, variant):
     peft = pytest.importorskip("peft")
     model = saved(tmp_path, variant)
