@@ -186,7 +186,7 @@ def test_trainer_with_padding_collator_saves_resumes_and_learns(tmp_path):
         args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=8,
                                  learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=1, save_steps=4,
                                  report_to=[], use_cpu=True, seed=0, data_seed=0, dataloader_num_workers=0,
-                                 disable_tqdm=True)
+                                 disable_tqdm=True, activation_checkpointing=True)
         return Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
 
     GatedLM(ModelConfig.from_preset("micro", "hyga-sink", vocab_size=V)).save_pretrained(tmp_path / "init")
@@ -200,6 +200,7 @@ def test_trainer_with_padding_collator_saves_resumes_and_learns(tmp_path):
     straight = trainer(tmp_path / "a", 8)
     start_loss = loss_of(straight.model)
     straight.train()
+    assert straight.model.model.checkpoint_every == 1
     assert (tmp_path / "a" / "checkpoint-4" / "model.safetensors").is_file()
     end_loss = loss_of(straight.model)
     assert end_loss < start_loss - 0.3, (start_loss, end_loss)
