@@ -68,6 +68,21 @@ class _LayerCache:
         return latent_all[:, 0], k_rope_all.transpose(1, 2)
 
 
+def _one_device(device_map: Any) -> str | torch.device:
+    """The device a ``from_pretrained`` ``device_map`` names: one device (name, index or
+    ``torch.device``), ``"auto"``, or a dict that puts the whole model (``""``) on one device."""
+    if isinstance(device_map, dict) and set(device_map) == {""}:
+        device_map = device_map[""]
+    if isinstance(device_map, dict):
+        raise GatedAttnError("GatedAttnForCausalLM.from_pretrained: a device_map dict that splits the model "
+                             "is not supported; pass one device")
+    if isinstance(device_map, int):
+        return f"cuda:{device_map}"
+    if device_map == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device_map
+
+
 class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
     """A ``GatedLM`` (``self.model``) behind the transformers model interface."""
 
@@ -139,16 +154,7 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         if dtype is not None and dtype != "auto":
             lm = lm.to(dtype)
         if device_map is not None:
-            if isinstance(device_map, dict) and set(device_map) == {""}:
-                device_map = device_map[""]  # the whole model on one device
-            if isinstance(device_map, dict):
-                raise GatedAttnError("GatedAttnForCausalLM.from_pretrained: a device_map dict that splits the model "
-                                     "is not supported; pass one device")
-            if isinstance(device_map, int):
-                device_map = f"cuda:{device_map}"
-            if device_map == "auto":
-                device_map = "cuda" if torch.cuda.is_available() else "cpu"
-            lm = lm.to(device_map)
+            lm = lm.to(_one_device(device_map))
         model = cls(GatedAttnHFConfig.from_model_config(lm.cfg), model=lm)
         model.eval()
         return model
