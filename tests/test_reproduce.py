@@ -112,23 +112,23 @@ def test_budget_steps_down_to_a_smaller_model_then_fewer_seeds(monkeypatch):
     seconds = {"small": 1.0, "tiny": 0.2}  # per step of each variant at each preset
 
     def fake_plan(cfg, data, n_runs):
-        step_s = {v: seconds[cfg.train.preset] for v in cfg.variants}
+        step_s = {v: seconds[cfg.train.model.size] for v in cfg.variants}
         return runner._fit(cfg, step_s, n_runs), step_s
 
     monkeypatch.setattr(runner, "plan_steps", fake_plan)
     base = ReproduceConfig.make(budget_minutes=20.0, preset="small", seeds=3)
     # small x 3 seeds x 2 variants at 1 s: 160 steps < 500, so `tiny` at 0.2 s: 800 steps
     cfg, steps, _, cuts = runner.fit_plan(base, None)
-    assert (cfg.train.preset, cfg.seeds, steps) == ("tiny", 3, 800)
+    assert (cfg.train.model.size, cfg.seeds, steps) == ("tiny", 3, 800)
     assert "160 steps" in cuts[0] and "`tiny`" in cuts[1]
     # a slower machine: tiny fits 266 at 3 seeds, so the seeds step down (2: 400, 1: 800)
     seconds.update(small=3.0, tiny=0.6)
     cfg, steps, _, cuts = runner.fit_plan(base, None)
-    assert (cfg.train.preset, cfg.seeds, steps) == ("tiny", 1, 800) and "seeds step down to 1" in cuts[-1]
+    assert (cfg.train.model.size, cfg.seeds, steps) == ("tiny", 1, 800) and "seeds step down to 1" in cuts[-1]
     # a fast machine keeps the model and the seeds
     seconds.update(small=0.1)
     cfg, steps, _, cuts = runner.fit_plan(base, None)
-    assert (cfg.train.preset, cfg.seeds, steps, cuts) == ("small", 3, 1600, [])
+    assert (cfg.train.model.size, cfg.seeds, steps, cuts) == ("small", 3, 1600, [])
     # warm-up is at most a tenth of the run
     assert cfg.train_config("gated", 0, steps=300).warmup_steps == 30
 

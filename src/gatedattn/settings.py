@@ -211,7 +211,7 @@ def check_options(obj: Any) -> None:
                 continue
             for item in value if isinstance(value, tuple) else (value,):
                 if not ok(item, bound):
-                    raise ConfigError(f"{owner}.{f.name}={value!r} must be {sign} {bound:g}")
+                    raise ConfigError(f"{owner}.{f.name}={value!r} must be {sign} {bound if isinstance(bound, int) else format(bound, 'g')}")
 
 
 def split_item(item: str) -> tuple[str, str]:

@@ -246,7 +246,7 @@ def run_lever(cfg: CalibrationConfig, lever: Lever, data_dir: Path, out: Path,
     return {
         "lever": lever.name, "what": lever.what, "sets": list(lever.sets), "steps": steps, "step_seconds": step_s,
         "tokens": run["tokens"], "seq_len": t.seq_len, "vocab_size": data.vocab_size,
-        "preset": t.preset, "n_layers": a["n_layers"], "uniform": uniform_first_token_attention(t.seq_len - 1),
+        "preset": t.model.size, "n_layers": a["n_layers"], "uniform": uniform_first_token_attention(t.seq_len - 1),
         "val_loss": a["val_loss"], "f_attn": a["f_attn"], "f_attn_per_layer": per_layer,
         "f_attn_strongest": per_layer[strongest], "strongest_layer": strongest, "sink_eps": a["sink_eps"],
         "m_act_ratio": a["m_act_ratio"], "over_training": run["over_training"], "run_dir": run["run_dir"],

@@ -299,9 +299,9 @@ def fit_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[st
     steps, step_s = plan_steps(cfg, data, cfg.seeds)
     if cfg.budget_minutes is None or steps >= cfg.min_steps:
         return cfg, steps, step_s, []
-    cuts = [f"`{cfg.train.preset}` × {cfg.seeds} seeds fits {steps} steps per run into {cfg.budget_minutes:g} min "
+    cuts = [f"`{cfg.train.model.size}` × {cfg.seeds} seeds fits {steps} steps per run into {cfg.budget_minutes:g} min "
             f"here, under the floor of {cfg.min_steps}"]
-    preset_now = cfg.train.preset
+    preset_now = cfg.train.model.size
     smaller = STEP_DOWN_PRESETS[STEP_DOWN_PRESETS.index(preset_now) + 1:] if preset_now in STEP_DOWN_PRESETS else ()
     for preset in smaller:
         trial = dataclasses.replace(cfg, train=cfg.train.replace(model=dataclasses.replace(cfg.train.model, size=preset)))
@@ -314,7 +314,7 @@ def fit_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[st
     seeds = next((n for n in range(cfg.seeds - 1, 1, -1) if _fit(cfg, step_s, n) >= cfg.min_steps), 1)
     if seeds < cfg.seeds:
         steps = _fit(cfg, step_s, seeds)
-        cuts.append(f"so the seeds step down to {seeds} at `{cfg.train.preset}` ({steps} steps)")
+        cuts.append(f"so the seeds step down to {seeds} at `{cfg.train.model.size}` ({steps} steps)")
     return dataclasses.replace(cfg, seeds=seeds), max(steps, cfg.min_steps), step_s, cuts
 
 
@@ -598,7 +598,7 @@ def fold_in(results: dict[str, Any], folds: list[tuple[str, dict[str, Any]]], ke
 
 def _report_fields(t: TrainConfig) -> dict[str, Any]:
     """The training settings the report quotes, by their report names."""
-    return {"preset": t.preset, "seq_len": t.seq_len, "micro_batch": t.micro_batch, "lr": t.lr,
+    return {"preset": t.model.size, "seq_len": t.seq_len, "micro_batch": t.micro_batch, "lr": t.lr,
             "warmup_steps": t.warmup_steps, "dtype": t.dtype, "optimizer": t.optimizer, "data_dir": t.data_dir,
             "schedule": t.schedule}
 

@@ -59,8 +59,8 @@ def _resumed_config(args) -> TrainConfig:
         raise GatedAttnError(f"{run / CONFIG} has no 'train' object; it is not a run directory")
     # the recorded stop_at_step ended the earlier invocation; continuing goes on (unless --set again)
     cfg = TrainConfig.from_dict({**train, "out_dir": str(run), "stop_at_step": None})
-    for flag, now, then in (("--variant", getattr(args, "variant", None), cfg.variant),
-                            ("--preset", args.preset, cfg.preset)):
+    for flag, now, then in (("--variant", getattr(args, "variant", None), cfg.model.variant),
+                            ("--preset", args.preset, cfg.model.size)):
         if now is not None and now != then:
             raise GatedAttnError(f"{flag} {now} differs from the run's {then!r}; a resumed run keeps its model")
     if args.data is not None:

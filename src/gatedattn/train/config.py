@@ -15,19 +15,18 @@ processes (1 without ``torchrun``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import torch
 
 from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
-from gatedattn.errors import ConfigError, check_choice
+from gatedattn.errors import ConfigError, check_choice, check_types
 from gatedattn.model import SIZE_PRESETS, ModelConfig
 from gatedattn.precision import DTYPES
-from gatedattn.settings import apply_sets, build, option, parse_value, resolve, settings
+from gatedattn.settings import apply_sets, build, check_options, option, parse_value, resolve, settings
 from gatedattn.variants import VARIANTS
 
 OPTIMIZERS = ("adamw", "muon")
@@ -153,50 +152,60 @@ class TrainConfig:
     data_dir: str | None = option(None, help="a directory written by `gatedattn data prepare`")
     out_dir: str | None = option(None, help="the run directory")
     model: ModelRecipe = field(default_factory=ModelRecipe, metadata={"help": "the model to build"})
-    seq_len: int = option(256, help="tokens per training sequence (the context)")
-    micro_batch: int = option(16, help="sequences per forward pass")
-    grad_accum: int = option(1, help="micro-batches per optimizer step")
-    steps: int = option(1000, help="optimizer steps")
-    max_tokens: int | None = option(None, help="train this many tokens instead (replaces steps)")
-    lr: float = option(1e-3, help="peak learning rate")
-    min_lr_ratio: float = option(0.1, help="final learning rate as a fraction of lr")
-    warmup_steps: int = option(100, help="linear warm-up steps")
-    schedule: str = option("cosine", help="decay after warm-up: " + ", ".join(SCHEDULES))
-    weight_decay: float = option(0.1, help="AdamW weight decay (matrices and embeddings only)")
+    seq_len: int = option(256, ge=1, help="tokens per training sequence (the context)")
+    micro_batch: int = option(16, ge=1, help="sequences per forward pass")
+    grad_accum: int = option(1, ge=1, help="micro-batches per optimizer step")
+    steps: int = option(1000, ge=1, help="optimizer steps")
+    max_tokens: int | None = option(None, ge=1, help="train this many tokens instead (replaces steps)")
+    lr: float = option(1e-3, gt=0, help="peak learning rate")
+    min_lr_ratio: float = option(0.1, ge=0, le=1, help="final learning rate as a fraction of lr")
+    warmup_steps: int = option(100, ge=0, help="linear warm-up steps")
+    schedule: str = option("cosine", choices=SCHEDULES, help="decay after warm-up: " + ", ".join(SCHEDULES))
+    weight_decay: float = option(0.1, ge=0, help="AdamW weight decay (matrices and embeddings only)")
     betas: tuple[float, float] = option((0.9, 0.95), help="AdamW betas")
-    eps: float = option(1e-8, help="AdamW epsilon")
-    grad_clip: float = option(1.0, help="clip the gradient norm to this (0: no clipping)")
-    optimizer: str = option("adamw", help="adamw, or muon (torch.optim.Muon for hidden matrices, AdamW for "
+    eps: float = option(1e-8, gt=0, help="AdamW epsilon")
+    grad_clip: float = option(1.0, ge=0, help="clip the gradient norm to this (0: no clipping)")
+    optimizer: str = option("adamw", choices=OPTIMIZERS, help="adamw, or muon (torch.optim.Muon for hidden matrices, AdamW for "
                                           "the rest)")
-    muon_momentum: float = option(0.95, help="Muon momentum")
-    dtype: str = option("auto", help="auto (bf16 autocast where the device computes bf16 natively, else "
+    muon_momentum: float = option(0.95, ge=0, lt=1, help="Muon momentum")
+    dtype: str = option("auto", choices=DTYPES, help="auto (bf16 autocast where the device computes bf16 natively, else "
                                      "fp32), fp32 or bf16")
     compile: bool = option(False, help="torch.compile the model")
     activation_checkpointing: int = option(0, ge=0, help="recompute the activations of every Nth block in "
                                            "backward instead of keeping them (1: every block; N: blocks 0, N, "
                                            "2N, ...; 0: off): less memory, same gradients, about one more forward")
-    device: str = option("auto", help="auto (CUDA when available), cpu or cuda")
-    seed: int = option(0, help="seed of the initial weights and of the data order")
-    eval_every: int = option(100, help="evaluate every this many steps (0: at the start and end only)")
-    eval_batches: int = option(8, help="validation batches per evaluation")
-    ckpt_every: int = option(500, help="checkpoint every this many steps (0: at the end only)")
-    keep_checkpoints: int = option(2, help="keep the newest this many checkpoints (0: all)")
-    log_every: int = option(10, help="log a training record every this many steps")
+    device: str = option("auto", choices=DEVICES, help="auto (CUDA when available), cpu or cuda")
+    seed: int = option(0, ge=0, lt=2**63, help="seed of the initial weights and of the data order")
+    eval_every: int = option(100, ge=0, help="evaluate every this many steps (0: at the start and end only)")
+    eval_batches: int = option(8, ge=1, help="validation batches per evaluation")
+    ckpt_every: int = option(500, ge=0, help="checkpoint every this many steps (0: at the end only)")
+    keep_checkpoints: int = option(2, ge=0, help="keep the newest this many checkpoints (0: all)")
+    log_every: int = option(10, ge=1, help="log a training record every this many steps")
     skip_nonfinite: bool = option(False, help="skip an update with a non-finite loss or gradient instead of "
                                               "stopping (10 in a row: diverged)")
-    spike_margin: float = option(0.2, help="a loss spike is a loss above the running median by this "
+    spike_margin: float = option(0.2, gt=0, help="a loss spike is a loss above the running median by this "
                                            "fraction")
-    spike_window: int = option(50, help="steps in the running median of the spike rule")
-    diverge_factor: float = option(2.0, help="diverged when the loss exceeds this times the first loss")
-    overfit_batches: int = option(0, help="cycle through this many batches (> 0: a memorisation check)")
-    stop_at_step: int | None = option(None, help="end this invocation after this step with a checkpoint "
+    spike_window: int = option(50, ge=1, le=1_000_000, help="steps in the running median of the spike rule")
+    diverge_factor: float = option(2.0, gt=1, help="diverged when the loss exceeds this times the first loss")
+    overfit_batches: int = option(0, ge=0, help="cycle through this many batches (> 0: a memorisation check)")
+    stop_at_step: int | None = option(None, ge=1, help="end this invocation after this step with a checkpoint "
                                                  "(resume continues)")
     fsdp: bool = option(False, help="shard parameters with FSDP2 under torchrun (else DDP)")
     progress: bool = option(True, help="show a progress bar")
     tensorboard: bool = option(True, help="write TensorBoard event files")
+    # constructor shorthands for fields of ``model`` (not fields: to_dict and --set leave them
+    # out, and they read back as None; the values are ``model.variant`` and ``model.size``)
+    variant: InitVar[str | None] = None
+    preset: InitVar[str | None] = None
+    model_overrides: InitVar[dict | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, variant: str | None, preset: str | None, model_overrides: dict | None) -> None:
         own = "TrainConfig"
+        if variant is not None or preset is not None or model_overrides is not None:
+            if not isinstance(self.model, (ModelRecipe, dict)):
+                raise ConfigError(f"{own}.model must be a ModelRecipe, got {type(self.model).__name__}")
+            recipe = _recipe_dict(self.model, variant, preset, model_overrides)
+            object.__setattr__(self, "model", ModelRecipe.from_dict(recipe))
         for name in ("data_dir", "out_dir"):
             value = getattr(self, name)
             if isinstance(value, os.PathLike):
@@ -206,64 +215,13 @@ class TrainConfig:
         if not isinstance(self.model, ModelRecipe):
             raise ConfigError(f"{own}.model must be a ModelRecipe, got {type(self.model).__name__}")
 
-        def integer(name: str, low: int, none_ok: bool = False) -> None:
-            v = getattr(self, name)
-            if v is None and none_ok:
-                return
-            if not _is_int(v) or v < low:
-                raise ConfigError(f"{own}.{name}={v!r} must be an integer >= {low}" + (" or None" if none_ok else ""))
-
-        def number(name: str, low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> None:
-            v = getattr(self, name)
-            if not _is_number(v) or not math.isfinite(v):
-                raise ConfigError(f"{own}.{name}={v!r} must be a finite number")
-            object.__setattr__(self, name, float(v))
-            if (v <= low if low_open else v < low) or (v >= high if high_open else v > high):
-                lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
-                raise ConfigError(f"{own}.{name}={v!r} must be in {lo}{low:g}, {high:g}{hi}")
-
-        def boolean(name: str) -> None:
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{own}.{name}={getattr(self, name)!r} must be true or false")
-
-        integer("seq_len", 1)
-        integer("micro_batch", 1)
-        integer("grad_accum", 1)
-        integer("steps", 1)
-        integer("max_tokens", 1, none_ok=True)
-        number("lr", 0.0, low_open=True)
-        number("min_lr_ratio", 0.0, 1.0)
-        integer("warmup_steps", 0)
-        check_choice(own, "schedule", self.schedule, SCHEDULES)
-        number("weight_decay", 0.0)
+        check_types(self)
+        check_options(self)
         betas = self.betas
         if (not isinstance(betas, (tuple, list)) or len(betas) != 2
                 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas)):
             raise ConfigError(f"{own}.betas={betas!r} must be two numbers in [0, 1), e.g. 0.9,0.95")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        number("eps", 0.0, low_open=True)
-        number("grad_clip", 0.0)
-        check_choice(own, "optimizer", self.optimizer, OPTIMIZERS)
-        number("muon_momentum", 0.0, 1.0, high_open=True)
-        check_choice(own, "dtype", self.dtype, DTYPES)
-        boolean("compile")
-        integer("activation_checkpointing", 0)
-        check_choice(own, "device", self.device, DEVICES)
-        integer("seed", 0)
-        integer("eval_every", 0)
-        integer("eval_batches", 1)
-        integer("ckpt_every", 0)
-        integer("keep_checkpoints", 0)
-        integer("log_every", 1)
-        boolean("skip_nonfinite")
-        number("spike_margin", 0.0, low_open=True)
-        integer("spike_window", 1)
-        number("diverge_factor", 1.0, low_open=True)
-        integer("overfit_batches", 0)
-        integer("stop_at_step", 1, none_ok=True)
-        boolean("fsdp")
-        boolean("progress")
-        boolean("tensorboard")
         max_len = self.model.lm.get("max_seq_len")
         if max_len is not None and max_len < self.seq_len:
             raise ConfigError(f"{own}: model.max_seq_len={max_len} is shorter than seq_len={self.seq_len}; the model "
@@ -305,14 +263,6 @@ class TrainConfig:
         if self.max_tokens is not None:
             return max(1, math.ceil(self.max_tokens / self.tokens_per_step(world_size)))
         return self.steps
-
-    @property
-    def variant(self) -> str:
-        return self.model.variant
-
-    @property
-    def preset(self) -> str:
-        return self.model.size
 
     def model_config(self, vocab_size: int, bos_token_id: int | None = None,
                      eos_token_id: int | None = None) -> ModelConfig:
@@ -380,19 +330,6 @@ def _recipe_dict(model: Any, variant: str | None, preset: str | None, overrides:
     return recipe
 
 
-def _with_shorthands(init):
-    @functools.wraps(init)
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        short = {k: kw.pop(k) for k in _SHORTHANDS if k in kw}
-        if short:
-            recipe = _recipe_dict(kw.get("model"), short.get("variant"), short.get("preset"), short.get("model_overrides"))
-            kw["model"] = ModelRecipe.from_dict(recipe)
-        init(self, *args, **kw)
-
-    return __init__
-
-
-TrainConfig.__init__ = _with_shorthands(TrainConfig.__init__)
 
 
 def settable_keys() -> list[str]:

@@ -204,7 +204,7 @@ class _Throughput:
 def _fit(trainer: Trainer) -> "_StopSignals":
     """Train to ``trainer.end``: step, log, evaluate and checkpoint on schedule; stop on divergence."""
     cfg, st = trainer.cfg, trainer.state
-    bar = tqdm(total=trainer.total, initial=st.step, desc=f"train {cfg.variant}/{cfg.preset}", unit="step",
+    bar = tqdm(total=trainer.total, initial=st.step, desc=f"train {cfg.model.variant}/{cfg.model.size}", unit="step",
                file=sys.stderr, dynamic_ncols=True, disable=not (cfg.progress and trainer.env.is_main))
     window = _Throughput()
     with _StopSignals() as stop:

@@ -69,7 +69,7 @@ def _check_all(configs: list[TrainConfig], resume: bool, world: int) -> None:
 
 
 def _row(cfg: TrainConfig, result: dict[str, Any] | None) -> dict[str, Any]:
-    row = {"variant": cfg.variant, "lr": cfg.lr, "seed": cfg.seed, "out_dir": cfg.out_dir,
+    row = {"variant": cfg.model.variant, "lr": cfg.lr, "seed": cfg.seed, "out_dir": cfg.out_dir,
            "status": "pending" if result is None else ("diverged" if result["diverged"] else
                                                         "done" if result["complete"] else "stopped")}
     if result is not None:
