@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from gatedattn import __version__
 
@@ -88,9 +89,20 @@ def main(argv: list[str] | None = None) -> int:
         print("gatedattn: interrupted", file=sys.stderr)
         return 130
     name = f"gatedattn {args.command}"
+    # Python warnings (transformers', torch's) are held while the command runs: shown after a
+    # success, dropped after a failure, whose one line says what matters
+    with warnings.catch_warnings(record=True) as held:
+        status = _run(args, name, Interrupted, EXPECTED_ERRORS)
+    if status == 0:
+        for w in held:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return status
+
+
+def _run(args: argparse.Namespace, name: str, interrupted: type, expected: tuple) -> int:
     try:
         return int(args.func(args) or 0)
-    except Interrupted as e:
+    except interrupted as e:
         print(f"{name}: {_one_line(e)}", file=sys.stderr)
         return e.status
     except KeyboardInterrupt:
@@ -99,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
         sys.stderr.close()
         return 0
-    except EXPECTED_ERRORS as e:
+    except expected as e:
         print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
         return 2
 

@@ -12,17 +12,19 @@ added tokens), not by the bytes of its file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors.torch import save_file
 
 from gatedattn.errors import GatedAttnError
-from gatedattn.io import atomic_write, atomic_write_text
+from gatedattn.io import atomic_dir, atomic_write, atomic_write_text, loads_json
 
 CHECKSUMS = "checksums.json"
 _CHUNK = 1 << 22
@@ -38,15 +40,49 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 def _manifest(directory: Path) -> dict[str, str]:
     path = directory / CHECKSUMS
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return {}
+    if not path.is_file():
+        raise GatedAttnError(f"{path} is not a file; the directory is damaged (remove it only if you trust "
+                             f"every file there)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GatedAttnError(f"{path} is not valid JSON ({e}); the directory is damaged") from None
+        data = loads_json(path.read_bytes(), path)
+    except GatedAttnError as e:
+        raise GatedAttnError(f"{e}; the directory is damaged") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise GatedAttnError(f"{path} must map file names to sha256 hex digests")
     return data
+
+
+def has_manifest(directory: str | os.PathLike) -> bool:
+    path = Path(directory) / CHECKSUMS
+    return path.exists() or path.is_symlink()
+
+
+def verify_dir(directory: str | os.PathLike, *, required: tuple[str, ...] = (), skip: tuple[str, ...] = (),
+               only: tuple[str, ...] | None = None) -> None:
+    """Check a directory against its ``checksums.json``: every listed file (or those of
+    ``only``) present and unchanged, except ``skip`` (which its reader hashes itself), and
+    every file of ``required`` that exists listed. A directory without a manifest (from
+    elsewhere) passes."""
+    directory = Path(directory)
+    if not has_manifest(directory):
+        return
+    entries = _manifest(directory)
+    if only is not None:
+        entries = {k: v for k, v in entries.items() if k in only}
+    for name in required:
+        if (directory / name).exists() and name not in entries:
+            raise GatedAttnError(f"{directory / name} is not listed in {directory / CHECKSUMS}; the directory "
+                                 f"was changed after it was written")
+    for name, digest in entries.items():
+        if name in skip:
+            continue
+        path = directory / name
+        if Path(name).name != name or not path.is_file():
+            raise GatedAttnError(f"{directory / CHECKSUMS} lists {name!r}, which is missing; the directory is damaged")
+        if sha256_file(path) != digest:
+            raise GatedAttnError(f"{path}: sha256 differs from {CHECKSUMS}; the file is damaged or was replaced")
 
 
 def record(path: str | os.PathLike, digest: str | None = None) -> None:
@@ -84,10 +120,25 @@ def verify_file(path: str | os.PathLike) -> None:
         raise GatedAttnError(f"{path}: sha256 differs from {CHECKSUMS}; the file is damaged")
 
 
-def check_finite(tensors: dict[str, Any], source: Any) -> None:
-    """Refuse a state dict holding NaN or infinity, naming the first such tensor."""
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_dtypes(tensors: dict[str, Any], source: Any) -> None:
+    """Refuse a state dict holding a tensor that is not floating point (integer, bool or
+    quantized weights would be cast silently), naming the first such tensor."""
     for name, t in tensors.items():
-        if torch.is_floating_point(t) and not bool(torch.isfinite(t).all()):
+        if t.dtype not in WEIGHT_DTYPES:
+            allowed = ", ".join(str(d).removeprefix("torch.") for d in WEIGHT_DTYPES)
+            raise GatedAttnError(f"{source}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}; "
+                                 f"weights must be one of {allowed} (quantized or integer weights are not supported)")
+
+
+def check_finite(tensors: dict[str, Any], source: Any) -> None:
+    """Refuse a state dict holding a non-floating tensor (:func:`check_dtypes`) or NaN or
+    infinity, naming the first such tensor."""
+    check_dtypes(tensors, source)
+    for name, t in tensors.items():
+        if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             raise GatedAttnError(f"{source}: tensor {name!r} holds {bad} non-finite value(s) (NaN or infinity); "
                                  f"the weights are damaged or diverged")
@@ -97,12 +148,12 @@ def tokenizer_fingerprint(path: str | os.PathLike) -> str:
     """The sha256 of a ``tokenizer.json``'s model (type, vocabulary, merges) and added tokens,
     so two files that tokenize alike match whatever their formatting."""
     path = Path(path)
+    if not path.is_file():
+        raise GatedAttnError(f"{path}: missing")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise GatedAttnError(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GatedAttnError(f"{path} is not a valid tokenizer.json ({e})") from None
+        data = loads_json(path.read_bytes(), path)
+    except GatedAttnError as e:
+        raise GatedAttnError(f"{e} (not a valid tokenizer.json)") from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise GatedAttnError(f"{path} is not a tokenizer.json: it has no 'model' object")
     model = data["model"]
@@ -133,9 +184,13 @@ def check_tokenizer(path: str | os.PathLike, vocab_size: int | None = None, what
     return tok
 
 
-def atomic_save_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
-    """Write a safetensors file atomically and enter it in its directory's ``checksums.json``."""
+def atomic_save_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None,
+                            *, finite: bool = True) -> Path:
+    """Write a safetensors file atomically and enter it in its directory's ``checksums.json``.
+    What a load would refuse is refused here first: a tensor that is not floating point,
+    and (``finite``, all but a diverged run's last checkpoint) NaN or infinity."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    check_finite(tensors, path) if finite else check_dtypes(tensors, path)
     path = atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
     record(path)
     return path
@@ -146,3 +201,42 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
     path = atomic_write(path, lambda tmp: torch.save(obj, tmp))
     record(path)
     return path
+
+
+@contextlib.contextmanager
+def atomic_model_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Write a model directory beside ``target`` and rename it into place, so a failure at
+    any point leaves the old ``target`` whole::
+
+        with atomic_model_dir(directory) as tmp:
+            write config.json, model.safetensors (recorded in tmp's checksums.json)
+
+    Files of an existing ``target`` that the new directory does not write (a tokenizer, a
+    README) are carried over, with their ``checksums.json`` entries: only what is written
+    anew is replaced."""
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise GatedAttnError(f"{target} exists and is not a directory")
+    with atomic_dir(target) as tmp:
+        yield tmp
+        if target.is_dir():
+            _carry_over(target, tmp)
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Copy the entries of ``old`` that ``new`` lacks into ``new``; merge the manifests."""
+    old_entries = _manifest(old)
+    new_entries = _manifest(new)
+    kept = {}
+    for p in old.iterdir():
+        if p.name == CHECKSUMS or (new / p.name).exists() or p.name.startswith(".gatedattn"):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.copytree(p, new / p.name, symlinks=True)
+        else:
+            shutil.copy2(p, new / p.name, follow_symlinks=False)
+        if p.name in old_entries:
+            kept[p.name] = old_entries[p.name]
+    if kept:
+        merged = {**kept, **new_entries}
+        atomic_write_text(new / CHECKSUMS, json.dumps(dict(sorted(merged.items())), indent=2) + "\n")

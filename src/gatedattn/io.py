@@ -1,31 +1,75 @@
 """File input and output: atomic writes (a file is either the old version or the complete
-new one), JSON safety (one policy for non-finite numbers) and the JSON-lines reader."""
+new one) with the permissions the umask gives, atomic directories, JSON reading with a
+depth limit and one policy for non-finite numbers, the JSON-lines reader, outputs that
+may not overlap inputs, per-directory locks, and signals turned into one-line errors.
+
+Temporaries are named ``.NAME.<random>.tmp`` (files and directories beside ``NAME``) and
+``.NAME.<random>.old`` (a directory moved aside while its replacement is renamed in). A
+temporary directory is held with ``flock`` by the process that made it, so the next run
+removes those of a killed process (:func:`remove_stale_temporaries`) and never those of
+a live one.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
+import re
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from gatedattn.errors import GatedAttnError
 
 
+def current_umask() -> int:
+    """The process's umask (read without changing it where /proc allows)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def public_mode(path: str | os.PathLike, *, directory: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would (0o666 / 0o777 less the
+    umask): ``mkstemp`` and ``mkdtemp`` make private ones, which would survive the rename."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then
-    rename it over ``path``. On any error the temporary file is removed."""
+    rename it over ``path``. On any error the temporary file is removed, and an
+    ``OSError`` names ``path`` (not the temporary)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise GatedAttnError(f"{path}: cannot be written ({e.strerror or type(e).__name__})") from None
     os.close(fd)
     try:
         write(tmp)
+        public_mode(tmp)  # after writing: a writer that recreates the file (safetensors) makes it private again
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise GatedAttnError(f"{path}: cannot be written ({e.strerror or type(e).__name__})") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -45,45 +89,307 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON object from ``path``; a missing file, bad JSON or a non-object is a
-    ``GatedAttnError`` naming the file."""
+# ---------------------------------------------------------------------------- JSON
+MAX_JSON_DEPTH = 64  # deeper than any file the project reads; deeper ones are refused, not recursed into
+
+
+def json_depth_problem(data: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``data`` nests lists/objects deeper than ``limit`` (checked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return False
+
+
+def loads_json(text: str | bytes, where: Any) -> Any:
+    """Parse JSON ``text`` read from ``where``; bad JSON or nesting deeper than
+    :data:`MAX_JSON_DEPTH` is a one-line ``GatedAttnError`` naming ``where``."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        data = None
+        deep = True
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GatedAttnError(f"{where} is not valid JSON: {e}") from None
+    else:
+        deep = json_depth_problem(data)
+    if deep:
+        raise GatedAttnError(f"{where} nests JSON deeper than {MAX_JSON_DEPTH} levels; it is not a file "
+                             f"gatedattn wrote or reads")
+    return data
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON value of the file ``path`` (see :func:`loads_json`); a missing file, a
+    directory or an unreadable one is a ``GatedAttnError`` naming it."""
     path = Path(path)
     if not path.is_file():
-        raise GatedAttnError(f"{path} is missing")
+        raise GatedAttnError(f"{path} is {'a directory, not a file' if path.is_dir() else 'missing'}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
+        text = path.read_bytes()
+    except OSError as e:
+        raise GatedAttnError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from None
+    return loads_json(text, path)
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON object from ``path``; a missing file, bad or too deeply nested JSON or a
+    non-object is a ``GatedAttnError`` naming the file."""
+    data = read_json(path)
     if not isinstance(data, dict):
         raise GatedAttnError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
+# ---------------------------------------------------------------------------- directories
+def _hold(directory: Path) -> int:
+    """Open ``directory`` and take an exclusive ``flock`` on it (released when the process
+    ends); the descriptor is returned."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+_HELD: dict[str, int] = {}  # temporary directory -> descriptor holding its flock
+_HELD_LOCK = threading.Lock()
+
+
+def _release(directory: str | os.PathLike) -> None:
+    with _HELD_LOCK:
+        fd = _HELD.pop(str(directory), None)
+    if fd is not None:
+        os.close(fd)
+
+
 def temp_dir_beside(target: str | os.PathLike) -> Path:
-    """A new, empty hidden directory next to ``target`` (same filesystem, so a rename
-    into place is atomic)."""
+    """A new, empty hidden directory ``.NAME.<random>.tmp`` next to ``target`` (same
+    filesystem, so a rename into place is atomic), with the permissions of a new
+    directory, held (``flock``) by this process until :func:`replace_dir` renames it or
+    :func:`discard_dir` removes it. Temporaries of ``target`` left by a killed process
+    are removed first."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    remove_stale_temporaries(target)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    public_mode(tmp, directory=True)
+    with _HELD_LOCK:
+        _HELD[str(tmp)] = _hold(tmp)
+    return tmp
+
+
+def discard_dir(tmp: str | os.PathLike) -> None:
+    """Remove a temporary directory of :func:`temp_dir_beside` (after a failure)."""
+    _release(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def temporaries_of(target: str | os.PathLike) -> list[Path]:
+    """The ``.NAME.<random>.tmp`` / ``.old`` entries beside ``target``, by the project's own naming."""
+    target = Path(target)
+    pattern = re.compile(r"^\." + re.escape(target.name) + r"\.[A-Za-z0-9_]+\.(tmp|old)$")
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if pattern.match(p.name)]
+
+
+def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporary directories (and files) beside ``target`` that no live process
+    holds: what a killed ``data prepare``, ``convert`` or training run left. A directory
+    another process is filling is left alone. Returns what was removed."""
+    removed = []
+    for p in temporaries_of(target):
+        if p.is_symlink() or not p.is_dir():
+            if p.name.endswith(".tmp"):  # an atomic file write's temporary: its writer is gone or done
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed.append(p)
+            continue
+        try:
+            fd = _hold(p)
+        except OSError:  # held: a live process is writing it
+            continue
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
     """Rename the finished directory ``new`` to ``target``. An existing ``target`` is
     moved aside first, put back if the rename fails, and removed after it succeeds."""
     new, target = Path(new), Path(target)
-    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
-        os.replace(new, target)
-        return
-    aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old"))
-    os.replace(target, aside / "dir")
     try:
-        os.replace(new, target)
-    except BaseException:
-        os.replace(aside / "dir", target)
-        raise
+        if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+            os.replace(new, target)
+            return
+        aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old"))
+        held = _hold(aside)  # so that no other run takes it for a killed run's debris
+        try:
+            os.replace(target, aside / "dir")
+            try:
+                os.replace(new, target)
+            except BaseException:
+                os.replace(aside / "dir", target)
+                raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+            os.close(held)
     finally:
-        shutil.rmtree(aside, ignore_errors=True)
+        _release(new)
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Fill a temporary directory beside ``target``; on success it replaces ``target``
+    in one rename, on any failure it is removed and ``target`` is untouched::
+
+        with atomic_dir(out / "final") as tmp:
+            write files into tmp
+    """
+    tmp = temp_dir_beside(target)
+    try:
+        yield tmp
+        replace_dir(tmp, target)
+    except BaseException:
+        discard_dir(tmp)
+        raise
+
+
+# ---------------------------------------------------------------------------- outputs and inputs
+def _resolved(path: str | os.PathLike) -> Path:
+    return Path(os.path.realpath(os.path.abspath(os.fspath(path))))
+
+
+def check_no_overlap(out: str | os.PathLike, what: str, inputs: Iterable[tuple[str, str | os.PathLike]]) -> None:
+    """Refuse an output ``out`` (option ``what``) that is, contains or lies inside one of
+    ``inputs`` (``(option, path)`` pairs), symlinks resolved: replacing it would delete
+    the input."""
+    o = _resolved(out)
+    for flag, path in inputs:
+        if path is None:
+            continue
+        i = _resolved(path)
+        if o == i:
+            relation = "is"
+        elif o in i.parents:
+            relation = "contains"
+        elif i in o.parents:
+            relation = "lies inside"
+        else:
+            continue
+        raise GatedAttnError(f"{what} {out} {relation} {flag} {path}; an output may not overlap an input "
+                             f"(choose another {what})")
+
+
+def check_replaceable(out: str | os.PathLike, what: str, markers: Iterable[str], kind: str) -> None:
+    """``--force`` replaces an earlier output only: a non-empty ``out`` must hold one of
+    ``markers`` (the files the project writes into every such output), or it is refused."""
+    out = Path(out)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not any((out / m).is_file() for m in markers):
+        raise GatedAttnError(f"{what} {out} is not empty and is not a {kind} gatedattn wrote (no "
+                             f"{' or '.join(markers)}); --force replaces only such an output: choose a new "
+                             f"or empty directory")
+
+
+# ---------------------------------------------------------------------------- locks
+LOCK_FILE = ".gatedattn.lock"
+
+
+class DirLock:
+    """An exclusive lock on a directory: the file ``DIR/.gatedattn.lock``, held with
+    ``flock`` and holding the owner's PID. The kernel releases it when the process ends
+    (a killed run leaves no stale lock); the file is removed on release. A second owner
+    gets a ``GatedAttnError`` naming the holder's PID."""
+
+    def __init__(self, directory: str | os.PathLike, what: str):
+        self.directory, self.what = Path(directory), what
+        self.path = self.directory / LOCK_FILE
+        self.fd: int | None = None
+        self.created_dir = False
+
+    def acquire(self) -> "DirLock":
+        if not self.directory.exists():
+            self.directory.mkdir(parents=True)
+            self.created_dir = True
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                    raise
+                raise GatedAttnError(f"{self.what} {self.directory} is in use by another gatedattn process "
+                                     f"(PID {self._holder()}); wait for it to finish or stop it first") from None
+            try:  # the file may have been removed by its last holder between open and flock: retry
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def _holder(self) -> str:
+        try:
+            return self.path.read_text(encoding="ascii").strip() or "unknown"
+        except (OSError, UnicodeDecodeError):
+            return "unknown"
+
+    def release(self, *, remove_empty_dir: bool = False) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        os.close(self.fd)
+        self.fd = None
+        if remove_empty_dir and self.created_dir:
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()  # only when nothing else was written there
+
+    def __enter__(self) -> "DirLock":
+        return self.acquire()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.release(remove_empty_dir=exc_type is not None)
+
+
+# ---------------------------------------------------------------------------- signals
+@contextlib.contextmanager
+def interruptible(message: Callable[[str], str] | str) -> Iterator[None]:
+    """While inside: SIGINT and SIGTERM raise :class:`gatedattn.errors.Interrupted` with the
+    one line ``"<SIGNAL>: <message>"`` (what was kept and how to continue) and exit status
+    128 + the signal. Outside the main thread (no signals there) it does nothing."""
+    from gatedattn.errors import Interrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):
+        name = signal.Signals(signum).name
+        text = message(name) if callable(message) else message
+        raise Interrupted(f"{name}: {text}", 128 + signum)
+
+    old = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def json_safe(obj: Any) -> Any:
@@ -109,7 +415,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if isinstance(rec, dict):
             records.append(rec)
@@ -121,9 +427,9 @@ def check_writable(path: str | os.PathLike, what: str, *, kind: str = "file", re
     there may be replaced when ``replace``) or ``"dir"`` (created if absent). The nearest
     existing parent must be a writable directory. A problem is a ``GatedAttnError`` naming
     ``what`` (the option, e.g. ``--out``) and the path. Creates nothing."""
+    if os.fspath(path) == "":
+        raise GatedAttnError(f"{what}: an empty path; give a path")
     path = Path(path)
-    if str(path) == "":
-        raise GatedAttnError(f"{what}: an empty path")
     if path.exists() or path.is_symlink():
         if kind == "file" and path.is_dir():
             raise GatedAttnError(f"{what} {path} is a directory; give a file name")

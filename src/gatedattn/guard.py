@@ -1,0 +1,36 @@
+"""The guard around a long command's output directory: its limits checked before the
+directory is created, one writer at a time, and a signal answered with one line.
+
+``reproduce`` (and any study that writes one directory of runs) wraps its work::
+
+    with study_output(cfg.out_dir, budget_minutes=cfg.budget_minutes):
+        reproduce(cfg)
+
+- the budget is checked (finite, at most a week) before anything is created;
+- the directory is locked (``io.DirLock``): a second ``reproduce --out DIR`` while the
+  first runs is refused naming its PID; the kernel drops the lock with the process;
+- SIGINT / SIGTERM outside a training step (planning, analysis, the report) end with one
+  line saying that finished runs are kept and the same command continues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+from gatedattn.io import DirLock, check_writable, interruptible
+from gatedattn.sizes import check_budget_minutes
+
+
+@contextlib.contextmanager
+def study_output(out_dir: str | os.PathLike, *, budget_minutes: float | None = None,
+                 command: str = "reproduce", budget_flag: str = "--budget-minutes") -> Iterator[None]:
+    """Check ``budget_minutes`` and ``out_dir``, then hold ``out_dir``'s lock and turn
+    signals into one-line errors while inside."""
+    check_budget_minutes(budget_minutes, budget_flag)
+    check_writable(out_dir, "--out", kind="dir")
+    stopped = (f"stopped; the finished runs and analyses in {out_dir} are kept; run the same command again "
+               f"to continue")
+    with DirLock(out_dir, f"{command} --out"), interruptible(stopped):
+        yield

@@ -1,0 +1,121 @@
+"""Sizes and limits checked before anything is allocated or created.
+
+A model or batch whose size is a typo (``micro_batch=1e12``, ``n_layers=10**9``, a
+``config.json`` with ``vocab_size: 10**12``) would otherwise end in an allocation error
+deep inside PyTorch, or in hours of swapping. :func:`model_params` counts a model's
+parameters from its config alone (a lower bound: the embedding, the q/k/v/o projections
+and the SwiGLU MLP, no gates or norms), and the checks refuse a model or a training run
+whose lower-bound memory exceeds the device's total memory, naming the sizes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gatedattn.errors import GatedAttnError
+
+GB = 1 << 30
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def model_params(cfg: Any) -> int:
+    """A lower bound on the parameter count of the ``ModelConfig`` ``cfg`` (Python integers: no overflow)."""
+    a = cfg.attention
+    d, heads = _int(a.d_model), _int(a.n_heads)
+    kv = _int(a.n_kv_heads) or heads
+    hd = _int(a.head_dim) or (d // heads if heads else 0)
+    attn = 2 * d * heads * hd + 2 * d * kv * hd
+    mlp = 3 * d * _int(cfg.ffn_dim)
+    embed = _int(cfg.vocab_size) * d * (1 if cfg.tie_embeddings else 2)
+    return embed + _int(cfg.n_layers) * (attn + mlp)
+
+
+def device_memory(device: Any = "cpu") -> int:
+    """Total memory of ``device`` in bytes (physical RAM for the CPU)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux/macOS
+        return 1 << 62
+
+
+def _fmt(n: int) -> str:
+    return f"{n / GB:,.1f} GB" if n < 1 << 70 else f"about 2^{n.bit_length() - 1} bytes"
+
+
+def check_model_size(cfg: Any, source: Any, device: Any = "cpu", bytes_per_param: int = 4) -> None:
+    """Refuse a model whose weights alone (float32) exceed the device's memory."""
+    need = model_params(cfg) * bytes_per_param
+    have = device_memory(device)
+    if need > have:
+        raise GatedAttnError(
+            f"{source}: the model (vocab_size={cfg.vocab_size}, n_layers={cfg.n_layers}, "
+            f"d_model={cfg.attention.d_model}, ffn_dim={cfg.ffn_dim}) needs at least {_fmt(need)} for its weights; "
+            f"this {str(device)} has {_fmt(have)}: a size is wrong")
+
+
+def training_bytes(cfg: Any, model_cfg: Any, world_size: int = 1) -> dict[str, int]:
+    """Lower bounds (bytes) on what one training process holds: weights, gradients and
+    one optimizer moment (12 bytes a parameter); the logits of a micro-batch and their
+    gradient; the layers' inputs kept for backward; the step's global batch offsets."""
+    rows, seq = _int(cfg.micro_batch), _int(cfg.seq_len)
+    d, layers, vocab = _int(model_cfg.attention.d_model), _int(model_cfg.n_layers), _int(model_cfg.vocab_size)
+    return {
+        "parameters": 12 * model_params(model_cfg),
+        "activations": rows * seq * (8 * vocab + 4 * d * max(layers, 1)),
+        "batch": 8 * _int(cfg.micro_batch) * _int(cfg.grad_accum) * max(world_size, 1) + 8 * rows * (seq + 1),
+    }
+
+
+C_INT_MAX = (1 << 63) - 1  # what torch, NumPy and the standard library take as a size, count or seed
+
+
+def check_c_ints(obj: Any) -> None:
+    """Every integer field of the dataclass ``obj`` below 2**63 (a seed of 2**64 or a window of
+    1e20 would overflow inside torch or the standard library, after minutes of work)."""
+    import dataclasses
+
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > C_INT_MAX:
+            raise GatedAttnError(f"{type(obj).__name__}.{f.name}={value} is too large; allowed: integers below 2**63")
+
+
+def check_training_size(cfg: Any, model_cfg: Any, device: Any = "cpu", world_size: int = 1) -> None:
+    """Refuse a training run whose lower-bound memory exceeds the device's total memory,
+    or an integer setting beyond 2**63, before the model or a batch is allocated; the
+    message names the sizes."""
+    check_c_ints(cfg)
+    parts = training_bytes(cfg, model_cfg, world_size)
+    need, have = sum(parts.values()), device_memory(device)
+    if need > have:
+        biggest = max(parts, key=parts.get)
+        sizes = (f"micro_batch={cfg.micro_batch}, grad_accum={cfg.grad_accum}, seq_len={cfg.seq_len}, "
+                 f"n_layers={model_cfg.n_layers}, d_model={model_cfg.attention.d_model}, "
+                 f"ffn_dim={model_cfg.ffn_dim}, vocab_size={model_cfg.vocab_size}")
+        raise GatedAttnError(f"this run needs at least {_fmt(need)} ({biggest} {_fmt(parts[biggest])}); this "
+                             f"{str(device)} has {_fmt(have)}: lower the sizes ({sizes})")
+
+
+MAX_BUDGET_MINUTES = 7 * 24 * 60  # a week: beyond it a budget is a typo (and inf/nan never end)
+
+
+def check_budget_minutes(minutes: Any, flag: str = "--budget-minutes") -> None:
+    """A wall-clock budget is a finite number of minutes in (0, a week]; checked before
+    any output directory is created."""
+    import math
+
+    if minutes is None:
+        return
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not math.isfinite(minutes) \
+            or not 0 < minutes <= MAX_BUDGET_MINUTES:
+        raise GatedAttnError(f"{flag} {minutes!r} must be a finite number of minutes in (0, {MAX_BUDGET_MINUTES}] "
+                             f"(a week)")
