@@ -18,7 +18,22 @@ from gatedattn.data.prepare import prepare
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    manifest = prepare(
+    from gatedattn.io import interruptible
+
+    stopped = (f"stopped before {args.out} was written (the partial copy beside it is removed; an earlier "
+               f"--out is kept as it was); run the same command again to prepare the data")
+    with interruptible(stopped):
+        manifest = _run_prepare(args)
+    print(
+        f"{args.out}: train {manifest.train.tokens} tokens ({manifest.train.documents} documents), "
+        f"val {manifest.val.tokens} tokens ({manifest.val.documents} documents), "
+        f"vocab {manifest.vocab_size}, {manifest.dtype}"
+    )
+    return 0
+
+
+def _run_prepare(args: argparse.Namespace):
+    return prepare(
         args.input or [],
         args.out,
         vocab_size=args.vocab_size,
@@ -30,12 +45,6 @@ def _prepare(args: argparse.Namespace) -> int:
         overwrite=args.force,
         progress=not args.quiet,
     )
-    print(
-        f"{args.out}: train {manifest.train.tokens} tokens ({manifest.train.documents} documents), "
-        f"val {manifest.val.tokens} tokens ({manifest.val.documents} documents), "
-        f"vocab {manifest.vocab_size}, {manifest.dtype}"
-    )
-    return 0
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -61,7 +70,7 @@ def _info(args: argparse.Namespace) -> int:
           f"tokenizer {m.tokenizer_origin}")
     print(f"  train {m.train.tokens} tokens, {m.train.documents} documents")
     print(f"  val   {m.val.tokens} tokens, {m.val.documents} documents (seed {m.seed}, "
-          f"fraction {m.val_fraction}); checksums ok")
+          f"fraction {m.val_fraction}); checksums ok, tokenizer ok")
     return 0
 
 
@@ -101,7 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", metavar="tokenizer.json",
                    help="use this tokenizer instead of training one (needs BOS and EOS tokens)")
     p.add_argument("--text-field", default="text", metavar="F", help="text field of .jsonl records / text column of .parquet files (default text)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier data directory at --out (never a directory that is not one, nor an input)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_prepare)
 

@@ -221,6 +221,9 @@ def _iter_jsonl(path: Path, text_field: str, source: str, on_bytes: OnBytes) -> 
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise GatedAttnError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            except RecursionError:
+                raise GatedAttnError(f"{path}:{lineno}: JSON nested too deeply; expected one flat object "
+                                     f"per line") from None
             if not isinstance(record, dict):
                 raise GatedAttnError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
             if text_field not in record:
@@ -298,6 +301,12 @@ def input_source(path: str | os.PathLike, *, text_field: str = "text") -> Source
         raise GatedAttnError(f"input not found: {p}")
     if p.is_dir():
         records = _record_files(p)
+        texts = _text_files(p)
+        if records and texts:  # one kind per directory: neither is dropped silently
+            raise GatedAttnError(
+                f"{p} holds both .parquet/.jsonl files ({len(records)}, e.g. {records[0].relative_to(p)}) and "
+                f".txt/.md files ({len(texts)}, e.g. {texts[0].relative_to(p)}); give each kind as its own "
+                f"--input (a directory of one kind, or the files)")
         if records:
             for f in records:
                 if f.suffix.lower() in PARQUET_SUFFIXES:
@@ -306,7 +315,7 @@ def input_source(path: str | os.PathLike, *, text_field: str = "text") -> Source
                           lambda on_bytes: _iter_record_files(p, records, text_field, on_bytes),
                           f"{p}: no documents (its {len(records)} .parquet/.jsonl files have no non-empty "
                           f"{text_field!r} values)")
-        files = _text_files(p)
+        files = texts
         if not files:
             raise GatedAttnError(f"{p}: no .txt, .md, .jsonl or .parquet files in this directory (searched recursively)")
         return Source(loc, "directory", loc, _size(files), lambda on_bytes: _iter_text_files(p, files, on_bytes),

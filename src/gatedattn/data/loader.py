@@ -64,6 +64,8 @@ class Manifest:
     val: SplitInfo
     val_document_ids: list[str]  # in their order in val.bin
     pad_id: int | None = None
+    # what the tokenizer tokenizes (gatedattn.integrity.tokenizer_fingerprint); None in older manifests
+    tokenizer_sha256: str | None = None
     sources: list[dict] = field(default_factory=list)
     skipped_empty_documents: int = 0
     format: str = FORMAT
@@ -111,6 +113,10 @@ class Manifest:
                 if not isinstance(s.get(key), typ):
                     raise GatedAttnError(f"{where}: missing or bad field '{name}.{key}'")
             splits[name] = SplitInfo(s["file"], s["tokens"], s["documents"], s["sha256"])
+        if d.get("tokenizer_sha256") is not None and not isinstance(d["tokenizer_sha256"], str):
+            raise GatedAttnError(f"{where}: field 'tokenizer_sha256' must be a hex string")
+        if d.get("pad_id") is not None and (not isinstance(d["pad_id"], int) or isinstance(d["pad_id"], bool)):
+            raise GatedAttnError(f"{where}: field 'pad_id' must be an integer or null")
         for key in ("bos_id", "eos_id"):
             if not 0 <= d[key] < d["vocab_size"]:
                 raise GatedAttnError(f"{where}: {key}={d[key]} is outside the vocabulary (size {d['vocab_size']})")
@@ -120,6 +126,7 @@ class Manifest:
             tokenizer_origin=d["tokenizer_origin"], source=d["source"], seed=d["seed"],
             val_fraction=float(d["val_fraction"]), train=splits["train"], val=splits["val"],
             val_document_ids=list(d["val_document_ids"]), pad_id=d.get("pad_id"),
+            tokenizer_sha256=d.get("tokenizer_sha256"),
             sources=list(d.get("sources", [])),
             skipped_empty_documents=int(d.get("skipped_empty_documents", 0)),
         )
@@ -173,7 +180,9 @@ class TokenData:
     ``verify=True`` also checks the sha256 of each stream against the manifest.
     """
 
-    def __init__(self, data_dir: str | os.PathLike, *, verify: bool = False) -> None:
+    def __init__(self, data_dir: str | os.PathLike, *, verify: bool | tuple[str, ...] = False) -> None:
+        """``verify``: True checks both streams and the tokenizer; a tuple of split names
+        (``("val",)``) checks those streams and the tokenizer."""
         self.data_dir = Path(data_dir)
         if not self.data_dir.is_dir():
             raise GatedAttnError(f"data directory not found: {self.data_dir}")
@@ -182,16 +191,25 @@ class TokenData:
         tok_path = self.data_dir / m.tokenizer_file
         if not tok_path.is_file():
             raise GatedAttnError(f"{tok_path}: missing (named by manifest.json field 'tokenizer_file')")
-        self.train = self._open(m.train, "train", verify)
-        self.val = self._open(m.val, "val", verify)
+        splits = ("train", "val") if verify is True else tuple(verify or ())
+        self.train = self._open(m.train, "train", "train" in splits)
+        self.val = self._open(m.val, "val", "val" in splits)
         self._tokenizer = None
+        if verify:
+            self.check_tokenizer()
 
     def check_tokenizer(self) -> None:
-        """Load the tokenizer and check it against the manifest's vocabulary (a damaged
-        ``tokenizer.json`` is refused before a run copies it into its model)."""
-        from gatedattn.integrity import check_tokenizer
+        """Load the tokenizer and check it against the manifest: the vocabulary size and
+        (when recorded) what it tokenizes, so a damaged or swapped ``tokenizer.json`` is
+        refused before a run copies it into its model."""
+        from gatedattn.integrity import check_tokenizer, tokenizer_fingerprint
 
-        check_tokenizer(self.data_dir / self.manifest.tokenizer_file, self.vocab_size, what="data tokenizer")
+        path = self.data_dir / self.manifest.tokenizer_file
+        check_tokenizer(path, self.vocab_size, what="data tokenizer")
+        want = self.manifest.tokenizer_sha256
+        if want is not None and tokenizer_fingerprint(path) != want:
+            raise GatedAttnError(f"{path} is not the tokenizer the streams were encoded with (manifest.json field "
+                                 f"'tokenizer_sha256'); it was replaced: restore it or prepare the data again")
 
     def _open(self, info: SplitInfo, name: str, verify: bool) -> np.ndarray:
         path = self.data_dir / info.file

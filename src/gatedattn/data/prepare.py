@@ -35,7 +35,6 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -47,7 +46,8 @@ from tqdm import tqdm
 
 from gatedattn.data.corpus import Document, Source, input_sources
 from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo
-from gatedattn.io import check_writable, replace_dir
+from gatedattn.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, replace_dir,
+                          temp_dir_beside)
 from gatedattn.errors import GatedAttnError
 
 BOS_TOKEN = "<|bos|>"
@@ -348,15 +348,20 @@ def _encode_documents(tok, scans: Sequence[_Scan], seed: int, eos_id: int, dtype
 # --------------------------------------------------------------------------- output directory
 
 
-def _check_out_dir(out: Path, overwrite: bool) -> None:
+def _check_out_dir(out: Path, overwrite: bool, inputs: Sequence[tuple[str, str | os.PathLike]] = ()) -> None:
+    """``out`` can be written, overlaps no input, and is empty, or (``overwrite``) an
+    earlier data directory: ``--force`` never replaces a directory that is not one."""
     check_writable(out, "--out", kind="dir")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise GatedAttnError(f"--out {out} exists and is not empty; pass --force to replace it")
+    check_no_overlap(out, "--out", inputs)
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise GatedAttnError(f"--out {out} exists and is not empty; pass --force to replace it")
+        check_replaceable(out, "--out", (MANIFEST_FILE,), "data directory")
 
 
-def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+def _move_into_place(tmp: Path, out: Path, overwrite: bool, inputs: Sequence[tuple[str, str | os.PathLike]]) -> None:
     """Rename the finished ``tmp`` directory to ``out``, replacing ``out`` if allowed."""
-    _check_out_dir(out, overwrite)
+    _check_out_dir(out, overwrite, inputs)
     replace_dir(tmp, out)
 
 
@@ -372,14 +377,10 @@ def _check_settings(vocab_size: int, val_fraction: float, seed: int) -> None:
         raise GatedAttnError(f"seed must be an integer >= 0, got {seed!r}")
 
 
-def _new_tmp_dir(out: Path) -> Path:
-    """A temporary directory beside ``out`` with the permissions a new directory gets."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output should not be
-    return tmp
+def _fingerprint(path: Path) -> str:
+    from gatedattn.integrity import tokenizer_fingerprint
+
+    return tokenizer_fingerprint(path)
 
 
 def _train_into(tmp: Path, scans, seed: int, vocab_size: int, n_train: int, progress: bool):
@@ -419,8 +420,11 @@ def prepare(
     and progress bars to stderr.
     """
     _check_settings(vocab_size, val_fraction, seed)
+    if os.fspath(out_dir) == "":
+        raise GatedAttnError("--out: an empty path; give the directory to write")
     out = Path(out_dir)
-    _check_out_dir(out, overwrite)
+    overlap = [("--input", p) for p in inputs or ()] + ([("--tokenizer", tokenizer)] if tokenizer is not None else [])
+    _check_out_dir(out, overwrite, overlap)
     user_tok = load_tokenizer(tokenizer) if tokenizer is not None else None
 
     t0 = time.perf_counter()
@@ -435,7 +439,7 @@ def prepare(
     n_val = sum(int((s.keys <= np.uint64(s.val_threshold)).sum()) if s.val_threshold >= 0 else 0 for s in scans)
     _log(progress, f"split: {n_docs - n_val:,} train / {n_val:,} val documents (seed {seed})")
 
-    tmp = _new_tmp_dir(out)
+    tmp = temp_dir_beside(out)  # a killed earlier run's temporaries are removed here
     try:
         if user_tok is None:
             tok = _train_into(tmp, scans, seed, vocab_size, n_docs - n_val, progress)
@@ -453,6 +457,7 @@ def prepare(
         # only special ids in a stream are the EOS separators written here.
         tok.encode_special_tokens = True
         train_info, val_info, val_ids = _encode_documents(tok, scans, seed, eos_id, dtype, tmp, progress)
+        tok_digest = _fingerprint(tmp / TOKENIZER_FILE)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             dtype=dtype.name,
@@ -464,6 +469,7 @@ def prepare(
             eos_token=eos_token,
             tokenizer_file=TOKENIZER_FILE,
             tokenizer_origin=origin,
+            tokenizer_sha256=tok_digest,
             source=("default corpus: " if all(s.kind == "package" for s in sources) else "") + description,
             sources=[s.source.info(len(s.keys), s.nbytes).to_dict() for s in scans],
             seed=seed,
@@ -474,9 +480,9 @@ def prepare(
             skipped_empty_documents=sum(s.skipped for s in scans),
         )
         manifest.save(tmp / MANIFEST_FILE)
-        _move_into_place(tmp, out, overwrite)
+        _move_into_place(tmp, out, overwrite, overlap)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_dir(tmp)
         raise
     _log(progress, f"wrote {out}: train {train_info.tokens:,} tokens ({train_info.documents:,} documents), "
                    f"val {val_info.tokens:,} tokens ({val_info.documents:,} documents), vocab {vocab}")
