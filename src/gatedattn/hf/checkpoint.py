@@ -24,11 +24,15 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    """The ``config.json`` of a model directory as a dict."""
+    """The ``config.json`` of a model directory as a dict, checked against the directory's
+    ``checksums.json`` when it has one (and then required to be listed there)."""
+    from gatedattn.integrity import verify_dir
+
     if not directory.is_dir():
         raise GatedAttnError(f"{directory} is not a directory")
     if not (directory / CONFIG_FILE).is_file():
         raise GatedAttnError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")
+    verify_dir(directory, required=(CONFIG_FILE,), only=(CONFIG_FILE,))
     return read_json_object(directory / CONFIG_FILE)
 
 
@@ -59,8 +63,12 @@ class TensorSource:
     def _open(path: Path):
         from safetensors import SafetensorError, safe_open
 
+        from gatedattn.integrity import verify_dir
+
         if not path.is_file():
             raise GatedAttnError(f"{path} is missing")
+        # a directory with a manifest (convert / export_hf wrote it) must list the file, unchanged
+        verify_dir(path.parent, required=(path.name,), only=(path.name,))
         try:
             return safe_open(str(path), framework="pt", device="cpu")
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -71,12 +79,18 @@ class TensorSource:
             return list(f.keys())
 
     def _from_index(self, index: Path) -> dict[str, Path]:
+        from gatedattn.integrity import verify_dir
+
+        verify_dir(index.parent, required=(index.name,), only=(index.name,))
         weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise GatedAttnError(f"{index} has no 'weight_map' object")
         file_of: dict[str, Path] = {}
         by_file: dict[str, list[str]] = {}
         for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard or Path(shard).name != shard:
+                raise GatedAttnError(f"{index}: weight_map[{name!r}] is {shard!r}; each entry must be the file name "
+                                     f"of a shard in the same directory")
             by_file.setdefault(shard, []).append(name)
         for shard, names in by_file.items():
             path = self.directory / shard
@@ -99,6 +113,9 @@ class TensorSource:
             tensor = self._handles[path].get_tensor(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise GatedAttnError(f"{path}: tensor {name!r} cannot be read ({e})") from None
+        from gatedattn.integrity import check_finite
+
+        check_finite({name: tensor}, path)  # floating point, no NaN or infinity
         self._taken.add(name)
         return tensor
 

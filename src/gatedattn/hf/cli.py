@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from gatedattn.device import resolve_device
 from gatedattn.errors import GatedAttnError
-from gatedattn.io import check_writable, replace_dir
+from gatedattn.integrity import CHECKSUMS, check_finite, record
+from gatedattn.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, public_mode, replace_dir,
+                          temp_dir_beside)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -50,8 +52,16 @@ def _check_tokenizer_matches(model_dir: Path, tokenizer: Path, force: bool) -> N
         raise GatedAttnError(f"--tokenizer {tokenizer} is not the model's tokenizer ({own}); pass --force to use it")
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+TEMPERATURE_RANGE = (1e-4, 1e4)  # beyond it logits / T overflows float32 (or sampling is uniform noise)
+
+
 def _device(name: str) -> torch.device:
-    return resolve_device(name)
+    """A device that can hold a model's weights; ``meta`` and the like are refused."""
+    dev = resolve_device(name)
+    if dev.type not in DEVICE_TYPES:
+        raise GatedAttnError(f"--device {name!r}: {dev.type} devices hold no data; choose cpu, cuda[:N], mps or auto")
+    return dev
 
 
 def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | None = None, temperature: float = 0.8,
@@ -63,8 +73,14 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
 
     if max_new_tokens is not None and max_new_tokens < 0:
         raise GatedAttnError(f"--max-new-tokens {max_new_tokens} must be >= 0")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise GatedAttnError(f"--temperature {temperature} must be a finite number >= 0 (0 is greedy)")
+    lo, hi = TEMPERATURE_RANGE
+    if not math.isfinite(temperature) or not (temperature == 0 or lo <= temperature <= hi):
+        raise GatedAttnError(f"--temperature {temperature} must be 0 (greedy) or in [{lo:g}, {hi:g}]")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise GatedAttnError(f"--prompt is not valid UTF-8 text (byte {prompt[e.start]!r} at {e.start}); "
+                             f"give the prompt as UTF-8") from None
     if top_k is not None and top_k < 1:
         raise GatedAttnError(f"--top-k {top_k} must be >= 1")
     if not 0 <= seed < 2**63:
@@ -72,10 +88,13 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise GatedAttnError(f"--model {model_dir} is not a directory (no model there)")
+    dev = _device(device)
+    from gatedattn.hf.load import verify_model_dir
+
+    verify_model_dir(model_dir)  # the model's own tokenizer.json is checked with the rest
     tok_path = Path(tokenizer) if tokenizer else model_dir / "tokenizer.json"
     tok = _load_tokenizer(tok_path)
     _check_tokenizer_matches(model_dir, tok_path, force)
-    dev = _device(device)
     model = load_model(model_dir, device=dev)
     cfg = model.cfg
     ids = tok.encode(prompt, add_special_tokens=False).ids
@@ -125,6 +144,8 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
     from gatedattn.hf.load import load_model
     from gatedattn.hf.retrofit import add_gates
 
+    if os.fspath(dst) == "" or os.fspath(src) == "":
+        raise GatedAttnError(f"{'--to' if os.fspath(dst) == '' else '--from'}: an empty path; give a directory")
     src, dst = Path(src), Path(dst)
     if fmt not in FORMATS:
         raise GatedAttnError(f"--format {fmt!r} is not allowed; choose one of {', '.join(FORMATS)}")
@@ -133,14 +154,14 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
                              f"transformers' own code)")
     if dtype not in DTYPES:
         raise GatedAttnError(f"--dtype {dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
-    if dst.exists() and src.exists() and dst.resolve() == src.resolve():
-        raise GatedAttnError(f"--to {dst} is the --from directory; write somewhere else")
+    check_no_overlap(dst, "--to", [("--from", src)])
     if _is_nonempty(dst) and not force:
         raise GatedAttnError(f"--to {dst} exists and is not empty; pass --force to replace it")
     check_writable(dst, "--to", kind="dir")
+    check_replaceable(dst, "--to", (CHECKSUMS,), "model directory")
     if not src.is_dir():
         raise GatedAttnError(f"--from {src} is not a directory (no model there)")
-    model = load_model(src)
+    model = load_model(src)  # verified: config, weights and tokenizer against its checksums.json
     if variant is not None:
         torch.manual_seed(seed)
         add_gates(model, variant, init)
@@ -148,8 +169,8 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
     layout = EXPORT_LAYOUTS.get(fmt)
     if fmt != "gatedattn":
         hf_config_for(model.cfg, layout)  # refuses (before writing anything) what the layout cannot express
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp"))
+    check_finite(model.state_dict(), f"the converted model ({dtype})")  # e.g. a float16 cast that overflowed
+    tmp = temp_dir_beside(dst)  # a killed earlier convert's temporaries are removed here
     try:
         if fmt != "gatedattn":
             export_hf(model, tmp, layout)
@@ -159,18 +180,25 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
         for name in extra:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
+                public_mode(tmp / name)
+                record(tmp / name)
         replace_dir(tmp, dst)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_dir(tmp)
         raise
     return dst
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from gatedattn.io import interruptible
+
     if args.init is not None and args.variant is None:
         raise GatedAttnError("--init needs --variant (it initialises the added gate)")
-    dst = convert(args.from_dir, args.to, variant=args.variant, init=args.init or "identity", fmt=args.format,
-                  force=args.force, dtype=args.dtype, seed=args.seed, self_contained=args.self_contained)
+    stopped = (f"stopped before --to {args.to} was written (the partial copy beside it is removed; an earlier "
+               f"--to is kept as it was); run the same command again")
+    with interruptible(stopped):
+        dst = convert(args.from_dir, args.to, variant=args.variant, init=args.init or "identity", fmt=args.format,
+                      force=args.force, dtype=args.dtype, seed=args.seed, self_contained=args.self_contained)
     extra = ", with its modelling code" if args.self_contained else ""
     print(f"wrote {dst} ({args.format} format{extra})")
     return 0
@@ -214,5 +242,7 @@ def register(sub) -> None:
                         "transformers loads the directory with trust_remote_code=True where gatedattn is not installed")
     c.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     c.add_argument("--seed", type=int, default=0, help="seed for --init random")
-    c.add_argument("--force", action="store_true", help="replace a non-empty --to")
+    c.add_argument("--force", action="store_true",
+                   help="replace an earlier output of convert at --to (a directory with checksums.json; never "
+                        "another directory, nor --from)")
     c.set_defaults(func=_convert)

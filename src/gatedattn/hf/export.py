@@ -36,7 +36,7 @@ from gatedattn.config import GateConfig
 from gatedattn.errors import GatedAttnError
 from gatedattn.hf.checkpoint import CONFIG_FILE, SINGLE_FILE
 from gatedattn.hf.load import hf_specs
-from gatedattn.integrity import atomic_save_safetensors
+from gatedattn.integrity import atomic_model_dir, atomic_save_safetensors, record
 from gatedattn.io import atomic_write_json
 from gatedattn.model import GatedLM, ModelConfig
 
@@ -230,8 +230,10 @@ def hf_config_for(cfg: ModelConfig, layout: str | None = None):
 def export_hf(model: GatedLM, directory: str | Path, layout: str | None = None) -> Path:
     """Write ``model`` as a transformers checkpoint (``config.json`` and
     ``model.safetensors``, HF tensor names) in ``layout`` (see ``LAYOUTS``; default
-    ``stock`` for a gate-free model, ``qwen3-next`` for a gated one). Each file is
-    written atomically; a model the layout cannot express raises before anything is written."""
+    ``stock`` for a gate-free model, ``qwen3-next`` for a gated one). The directory is
+    written beside ``directory`` and renamed into place (other files already there are
+    kept); a model the layout cannot express, or with weights a load would refuse (NaN,
+    infinity), raises before anything is written."""
     cfg = model.cfg
     target = _layout(cfg, layout)
     hf = hf_config_for(cfg, target.name)
@@ -242,7 +244,7 @@ def export_hf(model: GatedLM, directory: str | Path, layout: str | None = None) 
         parts = [ours[t] for t in spec.targets]
         tensors[spec.hf_name] = (spec.join(*parts) if spec.join is not None else parts[0]).contiguous()
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_save_safetensors(directory / SINGLE_FILE, tensors, metadata={"format": "pt"})
-    atomic_write_json(directory / CONFIG_FILE, json.loads(hf.to_json_string(use_diff=False)))
+    with atomic_model_dir(directory) as tmp:  # the old directory stays whole until the new one is complete
+        atomic_save_safetensors(tmp / SINGLE_FILE, tensors, metadata={"format": "pt"})  # refuses NaN/inf
+        record(atomic_write_json(tmp / CONFIG_FILE, json.loads(hf.to_json_string(use_diff=False))))
     return directory

@@ -22,8 +22,10 @@ partially or approximately.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -72,9 +74,33 @@ def hf_config_object(raw: dict[str, Any], source: str):
     except KeyError:
         raise GatedAttnError(f"{source}: model_type={model_type!r} is unknown to transformers") from None
     try:
-        return cls.from_dict(dict(raw))
+        with _quiet_transformers():
+            return cls.from_dict(dict(raw))
     except Exception as e:  # transformers' own validation: name the problem, one line
         raise GatedAttnError(f"{source}: invalid {model_type} config ({type(e).__name__}: {e})") from None
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' and torch's warnings off while a config is parsed: a refusal is one line,
+    and what matters is in it."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _number(source: str, field: str, value: Any) -> float:
+    """``value`` as a finite positive number, or an error naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _refuse(source, field, value, "it must be a finite number > 0")
+    return float(value)
 
 
 def rope_from_hf(hf, head_dim: int, source: str, *, allow_partial: bool) -> RopeConfig:
@@ -83,8 +109,9 @@ def rope_from_hf(hf, head_dim: int, source: str, *, allow_partial: bool) -> Rope
     params = getattr(hf, "rope_parameters", None)
     if not isinstance(params, dict) or "rope_theta" not in params:
         raise _refuse(source, "rope_parameters", params, "expected one dict with rope_theta (per-layer-type RoPE is not supported)")
-    theta = float(params["rope_theta"])
-    fraction = float(params.get("partial_rotary_factor") or getattr(hf, "partial_rotary_factor", None) or 1.0)
+    theta = _number(source, "rope_parameters.rope_theta", params["rope_theta"])
+    fraction = _number(source, "partial_rotary_factor",
+                       params.get("partial_rotary_factor") or getattr(hf, "partial_rotary_factor", None) or 1.0)
     if fraction != 1.0 and not allow_partial:
         raise _refuse(source, "partial_rotary_factor", fraction,
                       "this architecture's transformers code rotates the whole head")
@@ -374,16 +401,58 @@ def read_hf_state(directory: Path, plan: "Plan", expected: dict[str, torch.Tenso
     return state
 
 
+# the files of a model directory its manifest must list when it has one (weights are hashed as they are read);
+# a tokenizer.json is checked when listed (one added by hand later is not)
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
+
+
+def verify_model_dir(directory: str | Path) -> None:
+    """The one check of a model directory of any format before it is used: with a
+    ``checksums.json`` (every directory gatedattn writes), ``config.json`` and the
+    weights must be listed and every listed file (the tokenizer too) unchanged; the weights
+    are hashed as they are read (``read_safetensors`` / ``TensorSource``), so they are
+    not read twice here."""
+    from gatedattn.integrity import verify_dir
+
+    directory = Path(directory)
+    read_config(directory)  # present, listed, unchanged, and JSON of a sane depth
+    verify_dir(directory, required=MODEL_FILES, skip=tuple(p.name for p in directory.glob("*.safetensors")))
+
+
+_NESTED = {"rope": "RopeConfig", "gate": "GateConfig", "mla": "MLAConfig"}  # attention.<key> -> its config
+
+
+def _check_nested(raw: dict[str, Any], source: str) -> None:
+    """gatedattn's ``config.json``: the nested configs are JSON objects (or null where optional)."""
+    attention = raw.get("attention")
+    if "attention" in raw and not isinstance(attention, dict):
+        raise GatedAttnError(f"{source}: 'attention' is {attention!r}; it must be an object of AttentionConfig "
+                             f"fields (d_model, n_heads, ...), as save_pretrained writes it")
+    for key, kind in _NESTED.items():
+        value = (attention or {}).get(key)
+        if value is not None and not isinstance(value, dict):
+            raise GatedAttnError(f"{source}: 'attention.{key}' is {value!r}; it must be an object of {kind} "
+                                 f"fields or null")
+
+
 def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
                device: str | torch.device = "cpu") -> GatedLM:
-    """Load any supported checkpoint directory as a ``GatedLM`` (float32 unless ``dtype``)."""
+    """Load any supported checkpoint directory as a ``GatedLM`` (float32 unless ``dtype``),
+    verified first (:func:`verify_model_dir`); weights that are not floating point or
+    hold NaN or infinity are refused, as is a model too large for the device's memory."""
+    from gatedattn.sizes import check_model_size
+
     directory = Path(directory)
     raw = read_config(directory)
-    importer, _ = plan_for(directory, raw)
+    importer, source = plan_for(directory, raw)
+    verify_model_dir(directory)
     if importer.plan is None:
+        _check_nested(raw, source)
+        check_model_size(ModelConfig.from_dict(raw), source, device)
         model = GatedLM.from_pretrained(directory)
     else:
-        plan = importer.plan(raw, str(directory / "config.json"))
+        plan = importer.plan(raw, source)
+        check_model_size(plan.cfg, source, device)
         model = GatedLM(plan.cfg)
         expected = model.state_dict()
         if plan.cfg.tie_embeddings:
@@ -399,7 +468,8 @@ def load_config(directory: str | Path) -> ModelConfig:
     """The ``ModelConfig`` that ``load_model`` would build, without reading weights."""
     directory = Path(directory)
     raw = read_config(directory)
-    importer, _ = plan_for(directory, raw)
+    importer, source = plan_for(directory, raw)
     if importer.plan is None:
+        _check_nested(raw, source)
         return ModelConfig.from_dict(raw)
     return importer.plan(raw, str(directory / "config.json")).cfg
