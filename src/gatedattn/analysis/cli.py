@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 
-from gatedattn.device import resolve_device
 from gatedattn.errors import GatedAttnError
+from gatedattn.io import interruptible, loads_json
 from gatedattn.train.rundir import CONFIG as RUN_CONFIG
 
 CHECKPOINT_INFO = "checkpoint.json"  # gatedattn.train.checkpoint.INFO_FILE
+_STOPPED = "stopped before any result was written (the model and data are untouched); run the same command again"
 MAX_DEFAULT_SEQ_LEN = 2048  # analyze materialises B*H*T*T probabilities per layer
 
 
@@ -70,7 +71,9 @@ def _positive_int(text: str) -> int:
 
 
 def _device(name: str) -> torch.device:
-    return resolve_device(name)
+    from gatedattn.hf.cli import _device as model_device
+
+    return model_device(name)
 
 
 def _recorded_data_dir(model_dir: Path) -> tuple[Path | None, list[Path]]:
@@ -85,8 +88,8 @@ def _recorded_data_dir(model_dir: Path) -> tuple[Path | None, list[Path]]:
         if not path.is_file():
             continue
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            record = loads_json(path.read_bytes(), path)
+        except (GatedAttnError, OSError):
             continue
         train = record.get("train") if isinstance(record, dict) else None
         entry = train.get("data_dir") if isinstance(train, dict) else None
@@ -112,10 +115,14 @@ def _load(args: argparse.Namespace):
     from gatedattn.analysis.analyze import load_any
     from gatedattn.data import TokenData
 
+    from gatedattn.hf.load import verify_model_dir
+
     device = _device(args.device)
     if not Path(args.model).is_dir():
         raise GatedAttnError(f"model directory not found: {args.model}")
-    data = TokenData(_data_dir(args))  # before the (possibly large) model: fail fast
+    verify_model_dir(args.model)  # config, tokenizer and the manifest's other files (weights: as they are read)
+    # before the (possibly large) model: fail fast; the val stream and tokenizer checked against the manifest
+    data = TokenData(_data_dir(args), verify=("val",))
     _check_same_tokenizer(Path(args.model), data, args.force)
     model = load_any(args.model, device=device)
     vocab = getattr(model.cfg, "vocab_size", None)
@@ -168,10 +175,11 @@ def _run_analyze(args: argparse.Namespace) -> int:
     if not 0.0 < args.eps < 1.0:
         raise GatedAttnError(f"--eps {args.eps}: the sink threshold is an attention weight, in (0, 1)")
     _check_outputs(args)
-    model, data = _load(args)
-    seq_len = args.seq_len or min(model.cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
-    batches = data.val_batches(seq_len=seq_len, batch_size=args.batch_size, max_batches=args.batches)
-    result = analyze(model, batches, layers_for_maps=args.layers, eps=args.eps)
+    with interruptible(_STOPPED):
+        model, data = _load(args)
+        seq_len = args.seq_len or min(model.cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
+        batches = data.val_batches(seq_len=seq_len, batch_size=args.batch_size, max_batches=args.batches)
+        result = analyze(model, batches, layers_for_maps=args.layers, eps=args.eps)
     result["model"] = str(args.model)
     result["data"] = str(data.data_dir)
     if args.plots is not None:
@@ -206,9 +214,10 @@ def _run_extrapolate(args: argparse.Namespace) -> int:
     from gatedattn.analysis.analyze import extrapolate, extrapolation_curves, format_extrapolation
 
     _check_outputs(args)
-    model, data = _load(args)
-    result = extrapolate(model, data, train_len=args.train_len, multiples=args.multiples, methods=args.methods,
-                         tokens=args.tokens, batch_size=args.batch_size)
+    with interruptible(_STOPPED):
+        model, data = _load(args)
+        result = extrapolate(model, data, train_len=args.train_len, multiples=args.multiples, methods=args.methods,
+                             tokens=args.tokens, batch_size=args.batch_size)
     result["model"] = str(args.model)
     result["data"] = str(data.data_dir)
     if args.plot is not None:

@@ -32,8 +32,10 @@ def _run(args: argparse.Namespace) -> int:
     from gatedattn.bench.config import BenchConfig
     from gatedattn.bench.report import format_markdown
     from gatedattn.bench.runner import run_bench
-    from gatedattn.io import atomic_write_json
+    from gatedattn.io import atomic_write_json, check_writable
 
+    if args.out is not None:
+        check_writable(args.out, "--out")  # before minutes of timing, not after
     given = {"device": args.device, "dtype": args.dtype, "compile": args.compile}
     if args.variants:
         given["variants"] = args.variants

@@ -18,7 +18,6 @@ pointing at a complete checkpoint.
 from __future__ import annotations
 
 import io
-import json
 import random
 import re
 import shutil
@@ -29,8 +28,8 @@ import numpy as np
 import torch
 
 from gatedattn.errors import GatedAttnError
-from gatedattn.integrity import atomic_save_safetensors, atomic_torch_save, read_verified, record
-from gatedattn.io import atomic_write_json, atomic_write_text, replace_dir, temp_dir_beside
+from gatedattn.integrity import atomic_save_safetensors, atomic_torch_save, check_dtypes, read_verified, record
+from gatedattn.io import atomic_dir, atomic_write_json, atomic_write_text, loads_json
 from gatedattn.model import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
 
 CKPT_DIR = "checkpoints"
@@ -71,12 +70,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- model directories
-def write_model_dir(directory: Path, state: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
-    """``model.safetensors`` + ``config.json`` in the ``GatedLM.save_pretrained`` format."""
+def write_model_dir(directory: Path, state: dict[str, torch.Tensor], cfg: ModelConfig, *, finite: bool = True) -> None:
+    """``model.safetensors`` + ``config.json`` in the ``GatedLM.save_pretrained`` format
+    (``finite``: refuse NaN/infinity, as a load would; a diverged run's checkpoint keeps them)."""
     state = dict(state)
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
-    atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
+    atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"}, finite=finite)
     record(atomic_write_json(directory / CONFIG_FILE, cfg.to_dict()))
 
 
@@ -87,15 +87,10 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
     (0: all)."""
     ckpts = Path(run_dir) / CKPT_DIR
     target = ckpts / step_dir_name(step)
-    tmp = temp_dir_beside(target)
-    try:
-        write_model_dir(tmp, model_state, model_cfg)
+    with atomic_dir(target) as tmp:
+        write_model_dir(tmp, model_state, model_cfg, finite=False)  # a diverged run's last state resumes
         atomic_torch_save(tmp / STATE_FILE, {"format": STATE_FORMAT, **trainer_state})
-        atomic_write_json(tmp / INFO_FILE, {"step": step, **info})
-        replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        record(atomic_write_json(tmp / INFO_FILE, {"step": step, **info}))
     atomic_write_text(ckpts / LATEST, target.name + "\n")
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
@@ -146,13 +141,24 @@ def cleanup_temporaries(run_dir: Path) -> list[Path]:
 
 
 def read_info(ckpt: Path) -> dict[str, Any]:
+    """``checkpoint.json`` of a checkpoint: an object with an integer ``step`` and a ``run`` object."""
     path = ckpt / INFO_FILE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise GatedAttnError(f"{ckpt} is not a complete checkpoint: {INFO_FILE} is missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GatedAttnError(f"{path} is not valid JSON: {e}") from None
+    if not path.is_file():
+        raise GatedAttnError(f"{ckpt} is not a complete checkpoint: {INFO_FILE} is missing")
+    info = loads_json(read_verified(path), path)
+    if not isinstance(info, dict):
+        raise GatedAttnError(f"{path} must hold a JSON object, got {type(info).__name__}; the checkpoint is damaged")
+    step = info.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise GatedAttnError(f"{path}: field 'step' is {step!r}, not an integer >= 0; the checkpoint is damaged")
+    if not isinstance(info.get("run", {}), dict):
+        raise GatedAttnError(f"{path}: field 'run' must be an object; the checkpoint is damaged")
+    return info
+
+
+# what trainer_state.pt must hold for a resume (``Trainer.save`` writes them all)
+STATE_KEYS = ("step", "tokens", "losses", "optimizer", "rng")
+RNG_KEYS = ("python", "numpy", "torch")
 
 
 def load_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -169,4 +175,15 @@ def load_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         raise GatedAttnError(f"{path} is truncated or corrupt ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise GatedAttnError(f"{path}: unknown trainer state format {state.get('format') if isinstance(state, dict) else None!r}")
+    missing = [k for k in STATE_KEYS if k not in state]
+    rng = state.get("rng")
+    missing += [f"rng.{k}" for k in RNG_KEYS if isinstance(rng, dict) and k not in rng]
+    if missing or not isinstance(rng, dict) or not isinstance(state["optimizer"], dict):
+        what = f"lacks {', '.join(missing)}" if missing else "has a malformed 'rng' or 'optimizer' entry"
+        raise GatedAttnError(f"{path} {what}; the checkpoint is damaged (resume from an earlier one: remove "
+                             f"{ckpt.name})")
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise GatedAttnError(f"{path}: step {step!r} is not an integer >= 0; the checkpoint is damaged")
+    check_dtypes(model_state, ckpt / WEIGHTS_FILE)
     return model_state, state

@@ -17,7 +17,7 @@ import sys
 import textwrap
 
 from gatedattn.errors import GatedAttnError, Interrupted
-from gatedattn.io import check_writable
+from gatedattn.io import check_no_overlap, check_writable
 from gatedattn.settings import apply_sets, help_text, parse_list
 from gatedattn.train.config import TrainConfig
 
@@ -113,6 +113,7 @@ def _train(args) -> int:
 
     cfg, resume = _train_config(args)
     _check_warmup(cfg, args.set)
+    check_no_overlap(cfg.out_dir, "--out", [("--data", cfg.data_dir)])
     result = train(cfg, resume=resume)
     if _is_main():
         print(json.dumps(json_safe(result.to_dict()), indent=2) if args.json else _summary_line(result))
@@ -139,6 +140,7 @@ def _sweep(args) -> int:
     for lr in lrs:
         _check_warmup(base.replace(lr=lr), args.set)
     check_writable(base.out_dir, "--out", kind="dir")
+    check_no_overlap(base.out_dir, "--out", [("--data", base.data_dir)])
     rows = sweep(base, variants, lrs, seeds, resume=args.resume)
     if _is_main():
         if args.json:

@@ -22,9 +22,10 @@ import torch
 from tqdm import tqdm
 
 from gatedattn.data import TokenData
-from gatedattn.errors import GatedAttnError
+from gatedattn.errors import GatedAttnError, Interrupted
 from gatedattn.integrity import record as record_checksum
-from gatedattn.io import atomic_write_json, check_writable, json_safe, replace_dir, temp_dir_beside
+from gatedattn.io import atomic_dir, atomic_write_json, check_writable, interruptible, json_safe
+from gatedattn.sizes import check_training_size
 from gatedattn.model import GatedLM, ModelConfig, check_state_dict
 from gatedattn.precision import resolve_dtype
 from gatedattn.train import checkpoint as ckpt_mod
@@ -141,36 +142,52 @@ def _train(cfg: TrainConfig, eval_hook: EvalHook | None, resume: bool, env: D.Di
     model_cfg = cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
     if cfg.fsdp and not env.distributed:
         raise GatedAttnError("TrainConfig.fsdp=True needs a distributed launch (torchrun with WORLD_SIZE > 1)")
+    check_training_size(cfg, model_cfg, device, world)  # before the model or a batch is allocated
     out = Path(cfg.out_dir)
 
     plan = D.run_on_main(lambda: plan_run(cfg, resume, world, data, model_cfg), env)
     resumed = plan["trainer_state"] is not None
-    # ---- every input is good: from here on the run writes files
-    log: MetricsLog | None = None
-    if env.is_main:
-        problem = cfg.warmup_problem(world)
-        if problem is not None:
-            print(f"warning: {problem}", file=sys.stderr, flush=True)
-        if resumed or (resume and out.is_dir()):
-            ckpt_mod.cleanup_temporaries(out)
-        rundir.write_run_files(out, plan["identity"], device, world, resolve_dtype(cfg.dtype, device).as_dict())
-        log = MetricsLog(out, keep_until=plan["trainer_state"]["step"] if resumed else None, tensorboard=cfg.tensorboard)
+    lock = rundir.lock_run(out).acquire() if env.is_main else None  # one writer per run directory
     try:
-        return _run(cfg, eval_hook, env, data, plan, log)
+        with interruptible(lambda sig: f"stopped outside a training step; the run's files and checkpoints are "
+                                       f"kept; continue with: gatedattn train --resume {out}"):
+            trainer = Trainer(cfg, data, env=env, eval_hook=eval_hook, out=out,
+                              resume=(plan["model_state"], plan["trainer_state"]) if resumed else None)
+            # ---- every input is good and the model is built: from here on the run writes files
+            log: MetricsLog | None = None
+            if env.is_main:
+                problem = cfg.warmup_problem(world)
+                if problem is not None:
+                    print(f"warning: {problem}", file=sys.stderr, flush=True)
+                if resumed or (resume and out.is_dir()):
+                    ckpt_mod.cleanup_temporaries(out)
+                rundir.write_run_files(out, plan["identity"], device, world, resolve_dtype(cfg.dtype, device).as_dict())
+                log = trainer.log = MetricsLog(out, keep_until=plan["trainer_state"]["step"] if resumed else None,
+                                               tensorboard=cfg.tensorboard)
+            try:
+                return _run(trainer, env, data, plan)
+            except Exception as e:
+                if log is not None and not resumed and not isinstance(e, Interrupted):
+                    # a new run that failed (not stopped): the corrected rerun starts afresh in the same --out
+                    log.close()
+                    log = None
+                    rundir.remove_new_run_files(out)
+                raise
+            finally:
+                if log is not None:
+                    log.close()
     finally:
-        if log is not None:
-            log.close()
+        if lock is not None:
+            lock.release(remove_empty_dir=True)
 
 
-def _run(cfg: TrainConfig, eval_hook: EvalHook | None, env: D.DistEnv, data: TokenData, plan: dict[str, Any],
-         log: MetricsLog | None) -> TrainResult:
-    out = Path(cfg.out_dir)
-    resume = (plan["model_state"], plan["trainer_state"]) if plan["trainer_state"] is not None else None
-    trainer = Trainer(cfg, data, env=env, eval_hook=eval_hook, log=log, out=out, resume=resume)
-    if resume is not None and env.is_main:
+def _run(trainer: Trainer, env: D.DistEnv, data: TokenData, plan: dict[str, Any]) -> TrainResult:
+    out = trainer.out
+    resume = plan["trainer_state"] is not None
+    if resume and env.is_main:
         _drop_abandoned_checkpoints(out, trainer.state.step)
-        log.log({"kind": "resume", "step": trainer.state.step, "checkpoint": Path(plan["ckpt"]).name})
-    del plan, resume
+        trainer.log.log({"kind": "resume", "step": trainer.state.step, "checkpoint": Path(plan["ckpt"]).name})
+    del plan
     if trainer.state.step == 0 and trainer.state.last_eval_step is None:
         trainer.evaluate()
     stop = None
@@ -322,15 +339,10 @@ def _result(trainer: Trainer, complete: bool, final_dir: str | None,
 def _write_final(out: Path, mstate: dict[str, torch.Tensor], model_cfg: ModelConfig, data: TokenData) -> Path:
     """``final/``: GatedLM.save_pretrained format plus the data's tokenizer.json, atomically."""
     target = out / rundir.FINAL
-    tmp = temp_dir_beside(target)
-    try:
+    with atomic_dir(target) as tmp:
         ckpt_mod.write_model_dir(tmp, mstate, model_cfg)
         shutil.copyfile(data.data_dir / data.manifest.tokenizer_file, tmp / "tokenizer.json")
         record_checksum(tmp / "tokenizer.json")
-        replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

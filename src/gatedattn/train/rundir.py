@@ -35,11 +35,15 @@ FINAL = "final"
 
 
 def data_fingerprint(data) -> dict[str, Any]:
-    """What identifies a data directory's contents (not its path)."""
+    """What identifies a data directory's contents (not its path): the streams and the
+    tokenizer (what it tokenizes, see ``integrity.tokenizer_fingerprint``)."""
+    from gatedattn.integrity import tokenizer_fingerprint
+
     m = data.manifest
     return {"vocab_size": m.vocab_size, "bos_id": m.bos_id, "eos_id": m.eos_id,
             "train_tokens": m.train.tokens, "train_sha256": m.train.sha256,
-            "val_tokens": m.val.tokens, "val_sha256": m.val.sha256}
+            "val_tokens": m.val.tokens, "val_sha256": m.val.sha256,
+            "tokenizer": tokenizer_fingerprint(data.data_dir / m.tokenizer_file)}
 
 
 def run_identity(cfg, model_cfg, world_size: int, data) -> dict[str, Any]:
@@ -64,6 +68,8 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: fro
     old = {**old, "train": upgrade_dict(old.get("train") or {})}  # a run of the flat, older form
     if isinstance(old.get("model"), dict):  # a model field added since reads as its default there
         old["model"] = {**_MODEL_DEFAULTS, **old["model"]}
+    if isinstance(old.get("data"), dict) and isinstance(new.get("data"), dict) and "tokenizer" not in old["data"]:
+        old["data"] = {**old["data"], "tokenizer": new["data"].get("tokenizer")}  # recorded before tokenizers were
     old_t = {k: v for k, v in old["train"].items() if k not in ignore_train}
     new_t = {k: v for k, v in new["train"].items() if k not in ignore_train}
     key = config_diff({"train": old_t}, {"train": new_t})
@@ -75,11 +81,48 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: fro
     return f"{'.'.join(key)}: {lookup(old, key)!r} there, {lookup(new, key)!r} here"
 
 
+def _holds_anything(out: Path) -> bool:
+    """Whether ``out`` holds more than a lock file and a killed write's temporaries."""
+    from gatedattn.io import LOCK_FILE
+    from gatedattn.train.checkpoint import is_temporary
+
+    return any(p.name != LOCK_FILE and not is_temporary(p) for p in out.iterdir())
+
+
+RUN_FILES = (CONFIG, CODE_VERSION, ENV, "metrics.jsonl", "metrics.csv", SUMMARY, "tensorboard")
+
+
+def remove_new_run_files(out: Path) -> None:
+    """After a new run failed before its first checkpoint: remove the files it wrote
+    (:data:`RUN_FILES`), so that the corrected command starts afresh in the same ``--out``.
+    A run with a checkpoint keeps everything (it resumes)."""
+    import shutil
+
+    from gatedattn.train.checkpoint import list_checkpoints
+
+    if list_checkpoints(out):
+        return
+    for name in RUN_FILES:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def lock_run(out: Path) -> Any:
+    """The run directory's lock (``io.DirLock``): one writer per run; a second one is refused
+    naming the first one's PID."""
+    from gatedattn.io import DirLock
+
+    return DirLock(out, "run directory")
+
+
 def check_new_run(out: Path, identity: dict[str, Any]) -> None:
     """Without ``resume``: ``out`` must be absent, empty, or not yet hold a run."""
     if out.exists() and not out.is_dir():
         raise GatedAttnError(f"--out {out} exists and is not a directory")
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or not _holds_anything(out):
         return
     cfg_path = out / CONFIG
     if not cfg_path.is_file():
@@ -100,7 +143,7 @@ def check_resume(out: Path, identity: dict[str, Any], ckpt_info: dict[str, Any] 
     elif (out / CONFIG).is_file():
         old, what = read_json_object(out / CONFIG), CONFIG
     else:
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and _holds_anything(out):
             raise GatedAttnError(f"--out {out} is not empty and holds no run ({CONFIG} is missing); nothing to resume")
         return
     diff = first_difference(old, identity, RESUMABLE_FIELDS)

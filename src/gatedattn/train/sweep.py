@@ -43,12 +43,18 @@ def grid(base: TrainConfig, variants: Sequence[str], lrs: Sequence[float],
             raise GatedAttnError(f"sweep: a {name} is listed twice in {list(values)}")
     out = Path(base.out_dir)
     configs = []
+    named: dict[str, tuple] = {}
     for v in variants:
         for lr in lrs:
             for seed in (seeds if seeds else [None]):
+                name = run_name(v, lr, seed)
+                if name in named:  # two values that print alike would share one run directory
+                    raise GatedAttnError(f"sweep: {named[name]} and {(v, lr, seed)} (variant, lr, seed) would both "
+                                         f"train in {out / name}; give values that differ in 6 significant digits")
+                named[name] = (v, lr, seed)
                 configs.append(base.replace(
                     variant=v, lr=lr, seed=base.seed if seed is None else seed,
-                    out_dir=str(out / run_name(v, lr, seed)),
+                    out_dir=str(out / name),
                 ))
     return configs
 
