@@ -258,6 +258,7 @@ def test_from_pretrained_takes_what_evaluation_harnesses_pass(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "m", gguf_file=None, quantization_config=None,
                                                  device_map={"": "cpu"}, dtype=torch.float32)
     assert model.device.type == "cpu"
+    assert model.config.max_position_embeddings == model.model.cfg.max_seq_len == 256  # the context lm-eval keeps
     with pytest.raises(GatedAttnError, match="argument 'gguf_file' is not supported"):
         type(model).from_pretrained(tmp_path / "m", gguf_file="model.gguf")
     with pytest.raises(GatedAttnError, match="splits the model"):

@@ -39,7 +39,9 @@ def _hf_config_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
         "__module__": __name__, "__qualname__": "GatedAttnHFConfig",
         "__doc__": "``ModelConfig`` as a transformers config; ``attention`` is the AttentionConfig dict.",
-        "model_type": MODEL_TYPE, "attribute_map": {"num_hidden_layers": "n_layers"},
+        "model_type": MODEL_TYPE,
+        # transformers-wide names that tools (lm-eval: the context it truncates to) read
+        "attribute_map": {"num_hidden_layers": "n_layers", "max_position_embeddings": "max_seq_len"},
         "__annotations__": annotations,
     }
     for f in dataclasses.fields(ModelConfig):
