@@ -42,6 +42,7 @@ def test_the_readme_variant_table_matches_gatedattn_variants(capsys):
     every preset listed once."""
     import json
 
+    from gatedattn import paper
     from gatedattn.cli import main
 
     assert main(["variants", "--d-model", "1024", "--n-heads", "16", "--n-kv-heads", "4", "--json"]) == 0
@@ -55,6 +56,9 @@ def test_the_readme_variant_table_matches_gatedattn_variants(capsys):
         cells = [c.strip() for c in line.strip("|").split("|")]
         share = cells[4].removesuffix(" %")
         table[cells[0].strip("`")] = (int(cells[3].replace(",", "")), float(share))
+        if cells[0].strip("`") in paper.PPL:  # the paper's figures come from gatedattn.paper
+            assert float(cells[2]) == paper.PPL[cells[0].strip("`")], cells[0]
+    assert f"baseline {paper.PPL['baseline']}" in text[start:start + 100]
     assert set(table) == set(computed)
     for name, (params, share) in table.items():
         v = computed[name]

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from gatedattn.config import AttentionConfig, GateConfig
 from gatedattn.layer_cost import cost
 from gatedattn.errors import ConfigError
+from gatedattn.paper import HYGA_LOWRANK, HYGA_OVER_GATED, HYGA_SINK_GAIN, PPL
 
 
 @dataclass(frozen=True)
@@ -57,26 +58,30 @@ def _hyga(low_rank: int | None = None, **kw: Any) -> Callable[[int], dict[str, A
     return make
 
 
+def _ppl(name: str) -> str:
+    return f"PPL {PPL[name]:.3f}"
+
+
 _PRESETS = [
-    Preset("baseline", "softmax attention, no gate", "PPL 6.026", lambda d: {}),
-    Preset("gated", "G1 elementwise head-specific sigmoid gate (the paper's choice)", "PPL 5.761", _gate()),
-    Preset("gated-headwise", "G1 with one score per head", "PPL 5.792", _gate(granularity="headwise")),
-    Preset("g2-value", "gate after the value projection", "PPL 5.820", _gate(position="g2")),
-    Preset("g3-key", "gate after the key projection", "PPL 6.016", _gate(position="g3")),
-    Preset("g4-query", "gate after the query projection", "PPL 5.981", _gate(position="g4")),
-    Preset("g5-dense", "gate after the output projection W_O", "PPL 6.017", _gate(position="g5")),
-    Preset("g1-shared", "G1, one gate shared by all heads", "PPL 5.801", _gate(shared=True)),
-    Preset("g1-silu", "G1 with SiLU instead of sigmoid", "PPL 5.822", _gate(activation="silu")),
-    Preset("g1-additive-silu", "G1 additive: Y + SiLU(XW)", "PPL 5.821", _gate(activation="silu", combine="add")),
-    Preset("g1-ns-sigmoid", "G1 with 0.5 + 0.5 sigmoid (range [0.5, 1])", "PPL 5.900", _gate(activation="ns-sigmoid")),
-    Preset("g1-static", "G1 with learned constant (input-independent) scores", "PPL 5.917", _gate(source="static")),
-    Preset("sdpa-rmsnorm", "per-head RMSNorm on the SDPA output, no gate", "PPL 5.847", lambda d: {"head_transform": "rmsnorm"}),
-    Preset("sdpa-silu", "parameter-free SiLU on the SDPA output, no gate", "PPL 5.975", lambda d: {"head_transform": "silu"}),
-    Preset("hyga", "HyGA: X+H gates fused additively, C-gate, d_int = head_dim", "avg +1.53 over gated", _hyga()),
-    Preset("hyga-lowrank", "HyGA with low-rank X-gate and H-gate, d_int = 16", "d_int 32: 26% of gate compute", _hyga(16)),
+    Preset("baseline", "softmax attention, no gate", _ppl("baseline"), lambda d: {}),
+    Preset("gated", "G1 elementwise head-specific sigmoid gate (the paper's choice)", _ppl("gated"), _gate()),
+    Preset("gated-headwise", "G1 with one score per head", _ppl("gated-headwise"), _gate(granularity="headwise")),
+    Preset("g2-value", "gate after the value projection", _ppl("g2-value"), _gate(position="g2")),
+    Preset("g3-key", "gate after the key projection", _ppl("g3-key"), _gate(position="g3")),
+    Preset("g4-query", "gate after the query projection", _ppl("g4-query"), _gate(position="g4")),
+    Preset("g5-dense", "gate after the output projection W_O", _ppl("g5-dense"), _gate(position="g5")),
+    Preset("g1-shared", "G1, one gate shared by all heads", _ppl("g1-shared"), _gate(shared=True)),
+    Preset("g1-silu", "G1 with SiLU instead of sigmoid", _ppl("g1-silu"), _gate(activation="silu")),
+    Preset("g1-additive-silu", "G1 additive: Y + SiLU(XW)", _ppl("g1-additive-silu"), _gate(activation="silu", combine="add")),
+    Preset("g1-ns-sigmoid", "G1 with 0.5 + 0.5 sigmoid (range [0.5, 1])", _ppl("g1-ns-sigmoid"), _gate(activation="ns-sigmoid")),
+    Preset("g1-static", "G1 with learned constant (input-independent) scores", _ppl("g1-static"), _gate(source="static")),
+    Preset("sdpa-rmsnorm", "per-head RMSNorm on the SDPA output, no gate", _ppl("sdpa-rmsnorm"), lambda d: {"head_transform": "rmsnorm"}),
+    Preset("sdpa-silu", "parameter-free SiLU on the SDPA output, no gate", _ppl("sdpa-silu"), lambda d: {"head_transform": "silu"}),
+    Preset("hyga", "HyGA: X+H gates fused additively, C-gate, d_int = head_dim", f"avg +{HYGA_OVER_GATED:g} over gated", _hyga()),
+    Preset("hyga-lowrank", "HyGA with low-rank X-gate and H-gate, d_int = 16", f"d_int {HYGA_LOWRANK[0]}: {100 * HYGA_LOWRANK[1]:.0f}% of gate compute", _hyga(16)),
     Preset("hyga-mulfusion", "HyGA with separate sigmoids multiplied (rejected by the paper)", "worse than additive", _hyga(fusion="multiply")),
     Preset("hyga-sink", "HyGA plus a learnable per-head sink", "", lambda d: {**_hyga()(d), "sink": True}),
-    Preset("sink", "baseline plus a learnable per-head sink (GPT-OSS)", "+0.24 avg (HyGA ablation)", lambda d: {"sink": True}),
+    Preset("sink", "baseline plus a learnable per-head sink (GPT-OSS)", f"+{HYGA_SINK_GAIN:g} avg (HyGA ablation)", lambda d: {"sink": True}),
 ]
 
 VARIANTS: dict[str, Preset] = {p.name: p for p in _PRESETS}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gatedattn import paper
 from gatedattn.analysis import plots
 from gatedattn.analysis.registry import TEXT_METRICS, columns
 from gatedattn.fmt import fmt_cell
@@ -179,8 +180,8 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
         "above ε), "
         f"massive-activation claims only where the baseline's M-Act / median ≥ {MASSIVE_RATIO:g}; the timing claim "
         "needs interleaved rounds and is not measurable within two standard errors of no difference. "
-        "Paper figures come from 1.7B–15B models "
-        "trained on 400B–3.5T tokens; this run is orders of magnitude smaller, so directions matter, not sizes.",
+        f"Paper figures come from {paper.SCALE}; this run is orders of magnitude smaller, so directions matter, "
+        "not sizes.",
         "",
         "## Results (mean ± std over seeds)",
         "",
