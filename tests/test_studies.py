@@ -273,3 +273,33 @@ def test_each_study_has_its_own_default_directory():
     assert len(set(outs.values())) == len(outs)  # one study's runs are never resumed as another's
     quick = {name: study_config(study, parse(["reproduce", "--quick"])).out_dir for name, study in STUDIES.items()}
     assert all(quick[name] == outs[name] + "-quick" for name in STUDIES)
+
+
+def test_calibration_report_only_recomputes_the_uniform_level_and_says_when_the_ranking_moved(tmp_path):
+    """--study calibrate --report-only: each row's uniform level from its own context (T - 1
+    positions after BOS), the ranking anew, and the ranking it replaces named."""
+    import shutil
+    from pathlib import Path
+
+    from gatedattn.cli import main
+    from gatedattn.reproduce.claims import uniform_first_token_attention
+
+    docs = Path(__file__).parent.parent / "docs"
+    out = tmp_path / "cal"
+    shutil.copytree(docs / "sink-calibration", out)
+    results = json.loads((out / "results.json").read_text())
+    for row in results["levers"]:
+        row["uniform"] = 1.0  # a stale level: every sink score 1/1
+    results["ranking"] = list(reversed(results["ranking"]))
+    (out / "results.json").write_text(json.dumps(results))
+    assert main(["reproduce", "--study", "calibrate", "--report-only", "--out", str(out)]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert all(r["uniform"] == uniform_first_token_attention(r["seq_len"] - 1) for r in again["levers"])
+    assert again["ranking_before"] == results["ranking"] and again["ranking"] != results["ranking"]
+    assert "This ranking replaces the one" in (out / "report.md").read_text()
+    # a directory of another study is refused in one line, and left as it was
+    other = tmp_path / "main"
+    shutil.copytree(docs / "reproduction", other)
+    before = (other / "results.json").read_bytes()
+    assert main(["reproduce", "--study", "calibrate", "--report-only", "--out", str(other)]) == 2
+    assert (other / "results.json").read_bytes() == before

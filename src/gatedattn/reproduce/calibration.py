@@ -264,7 +264,7 @@ def run_calibration(cfg: CalibrationConfig, command: str | None = None) -> Path:
     command = command or "gatedattn reproduce --study calibrate"
     todo = [lever for lever in cfg.chosen() if lever.name not in done]
     # a call is listed when it trains something (a call that only rewrites the report adds nothing)
-    results: dict[str, Any] = {"config": dataclasses.asdict(cfg), "levers": [],
+    results: dict[str, Any] = {"study": "calibrate", "config": dataclasses.asdict(cfg), "levers": [],
                                "commands": [*commands, command] if todo or not commands else commands}
     data_dirs = {lever.name: lever_data(cfg, lever, default_dir, out) for lever in todo}
     started_steps = {lever.name: n for lever in todo if (n := _started_steps(out, lever)) is not None}
@@ -306,6 +306,19 @@ def main_default_lever(cfg: CalibrationConfig) -> str | None:
                 and all(getattr(t, f) == getattr(main, f) for f in _RECIPE_FIELDS)):
             return lever.name
     return None
+
+
+def rewrite_calibration_report(results: dict[str, Any], out: Path) -> Path:
+    """``--report-only``: the report again from ``results``, each row's uniform level
+    recomputed by the current rule (``seq_len - 1`` positions after BOS) and the levers
+    ranked anew; where the ranking moved, the report shows the one it replaces."""
+    for row in results["levers"]:
+        row["uniform"] = uniform_first_token_attention(row["seq_len"] - 1)
+    ranking = rank(results["levers"])
+    if ranking != results.get("ranking"):
+        results["ranking_before"] = results.get("ranking")
+        results["ranking"] = ranking
+    return write_calibration_report(results, out)
 
 
 def rank(rows: list[dict[str, Any]]) -> list[str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from gatedattn.analysis.plots import plot_sink_calibration
 from gatedattn.io import atomic_write_text
+from gatedattn.reproduce.claims import uniform_first_token_attention
 
 
 def sink_score(row: dict[str, Any]) -> float:
@@ -85,11 +86,14 @@ def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
           if len({r.get("session", 1) for r in rows}) > 1 else []),
         "F-Attn: attention on token 0 (the BOS), averaged over heads and queries; *mean* averages the layers, "
         "*strongest* is the layer where it is largest. Uniform causal attention gives (1/T)·Σ 1/(i+1) "
-        "(0.0198 at T 256); the reproduction's F-Attn claims need 2× that, its Sink^ε claim a head whose mean "
+        f"({uniform_first_token_attention(255):.4f} at T 256: 255 positions after BOS); the reproduction's F-Attn claims need 2× that, its Sink^ε claim a head whose mean "
         "attention on token 0 exceeds 0.3.",
         "",
         f"Strongest sink first: {', '.join(f'`{n}`' for n in results.get('ranking', []))}.",
         "",
+        *([f"This ranking replaces the one the runs were first reported with ({', '.join(f'`{n}`' for n in before)}), "
+           "whose uniform level counted one position too many after BOS.", ""]
+          if (before := results.get("ranking_before")) else []),
         *([f"The main job (`gatedattn reproduce`) trains with the recipe of `{results['main_default']}`.", ""]
           if results.get("main_default") else []),
     ]

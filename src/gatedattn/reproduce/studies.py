@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from gatedattn.errors import ConfigError
 from gatedattn.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
+from gatedattn.reproduce.calibration import CalibrationConfig, rewrite_calibration_report, run_calibration
 from gatedattn.reproduce.lr_study import CLAIMS as LR_CLAIMS, KEY as LR_KEY, LrConfig, lr_section, run_lr, write_lr_report
 from gatedattn.reproduce.mechanism import MechanismConfig, judge_depths
 from gatedattn.reproduce.mechanism_calibration import MechCalibrationConfig, run_mechanism_calibration
@@ -122,7 +122,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           {"--levers": Flag("levers"), "--budget-minutes": Flag("minutes_per_run"), "--steps": Flag("steps"),
            "--data": Flag("data_dir"), "--set": Flag("base_sets"), _OUT: Flag("out_dir"),
            _QUIET: Flag("progress", value=False, switch=True)},
-          run_calibration, takes_sets=False),
+          run_calibration, report=rewrite_calibration_report, takes_sets=False),
     Study("calibrate-mechanism", "the mechanism recipe's calibration (which recipe grows the full Bigram-Backcopy "
                                  "sink; the gate on every one)", MechCalibrationConfig,
           {"--levers": Flag("levers"), "--steps": Flag("steps"), "--workers": Flag("workers"), _OUT: Flag("out_dir"),
@@ -153,22 +153,18 @@ def rewrite(study: Study, out: str | Path) -> Path:
     if not path.is_file():
         raise ConfigError(f"--report-only: {out} has no results.json (give the --out of a finished study)")
     results = read_json_object(path)
-    wrote = results.get("study") or _study_of(results)
-    if wrote not in _SAME_REPORT.get(study.name, (study.name,)):
+    wrote = results.get("study")  # results.json written before results recorded their study: trust --study
+    if wrote is not None and wrote not in _SAME_REPORT.get(study.name, (study.name,)):
         raise ConfigError(f"--report-only: {out} holds the results of --study {wrote}, not {study.name}; "
                           f"give --study {wrote}")
-    report = study.report(results, out)
+    try:
+        report = study.report(results, out)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"--report-only: {path} does not hold the results of --study {study.name} "
+                          f"(missing {e})") from None
     atomic_write_json(path, json_safe(results))  # the claims as judged now
     return report
 
 
 # studies whose results one report writer reads (main runs without its first part write text results)
 _SAME_REPORT = {"main": ("main", "text"), "text": ("main", "text")}
-
-
-def _study_of(results: dict[str, Any]) -> str:
-    """The study that wrote ``results`` where it does not say (results.json written before
-    results recorded their study)."""
-    if results.get("variants"):
-        return "main"
-    return next((s.name for s in STUDIES.values() if s.key and results.get(s.key)), "main")
