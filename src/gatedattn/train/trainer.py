@@ -141,11 +141,7 @@ class Trainer:
             self.state.load_state_dict(resume[1])
             self.model.load_state_dict(resume[0], strict=False)  # tied lm_head shares embed
         self.model.to(self.env.device)
-        if cfg.activation_checkpointing:
-            if not hasattr(self.model, "set_activation_checkpointing"):
-                raise GatedAttnError(f"TrainConfig.activation_checkpointing={cfg.activation_checkpointing} needs a "
-                                     f"GatedLM; {type(self.model).__name__} has no set_activation_checkpointing")
-            self.model.set_activation_checkpointing(cfg.activation_checkpointing)
+        self._checkpoint_activations(cfg.activation_checkpointing)
         if cfg.compile:
             self.model.compile()
         self.wrapped = D.wrap(self.model, self.env, cfg.fsdp)
@@ -156,6 +152,16 @@ class Trainer:
             ckpt_mod.set_rng_state(resume[1]["rng"])
         self.spikes = SpikeTracker(cfg.spike_window, cfg.spike_margin, self.state.losses[-cfg.spike_window:])
         self._elapsed_before, self._t_start = self.state.elapsed_s, time.perf_counter()
+
+    def _checkpoint_activations(self, every: int) -> None:
+        """``TrainConfig.activation_checkpointing``: blocks 0, every, 2*every, ... recompute
+        their activations in backward (0: none)."""
+        if not every:
+            return
+        if not hasattr(self.model, "set_activation_checkpointing"):
+            raise GatedAttnError(f"TrainConfig.activation_checkpointing={every} needs a GatedLM; "
+                                 f"{type(self.model).__name__} has no set_activation_checkpointing")
+        self.model.set_activation_checkpointing(every)
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> StepStats:
