@@ -210,3 +210,18 @@ def test_padding_masks_that_are_refused():
         model(ids, attention_mask=torch.full((2, 4), 2))
     with pytest.raises(GatedAttnError, match="left padding"):
         model.generate(ids, 2, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]))
+
+
+def test_a_core_without_key_mask_refuses_padded_batches():
+    from gatedattn.ops import attention_reference
+
+    class PlainCore(torch.nn.Module):
+        def forward(self, q, k, v, sink=None, *, q_offset=0, scale=None):
+            return attention_reference(q, k, v, sink, q_offset=q_offset, scale=scale)
+
+    model = micro("gated")
+    ids = torch.randint(0, V, (2, 4))
+    with model.blocks[0].attn.with_core(PlainCore()):
+        model(ids, attention_mask=torch.ones_like(ids))  # unpadded: runs
+        with pytest.raises(GatedAttnError, match="core PlainCore takes no key_mask"):
+            model(ids, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))

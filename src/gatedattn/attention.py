@@ -21,6 +21,7 @@ The plain path runs whenever gradients are off or a hook watches the gate's scor
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Iterator
 
@@ -31,6 +32,7 @@ from torch import nn
 from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.core import AttentionCore
+from gatedattn.errors import GatedAttnError
 from gatedattn.gates import Gate, HeadTransform
 from gatedattn.norm import RMSNorm
 from gatedattn.ops.gate import gated_linear
@@ -194,6 +196,9 @@ class Attention(nn.Module):
         if key_mask is None:
             h = self.core(q, k, v, self.sink, q_offset=offset, scale=self.scale)
         else:
+            if "key_mask" not in inspect.signature(self.core.forward).parameters:
+                raise GatedAttnError(f"the attention core {type(self.core).__name__} takes no key_mask: run it on "
+                                     f"batches without padding")
             h = self.core(q, k, v, self.sink, q_offset=offset, scale=self.scale, key_mask=key_mask)
         h_BTHD = self.head_transform(h.transpose(1, 2))
         if position == "g1" and self._fuse_gate_with_o_proj():
