@@ -31,8 +31,7 @@ class LrConfig(TextConfig):
     """The learning-rate study: the natural-text recipe of :class:`TextConfig` at each
     learning rate of ``lrs`` (one seed; no analysis beyond the losses)."""
 
-    COMMAND: ClassVar[str] = "gatedattn reproduce --study lr"
-    QUICK_OUT: ClassVar[str] = "runs/reproduce-lr-quick"
+    STUDY: ClassVar[str] = "lr"  # its name in the study registry
 
     out_dir: str = option("runs/reproduce-lr", help="output directory")
     lrs: tuple[float, ...] = option((1e-3, 3e-3, 1e-2, 3e-2), gt=0, help="learning-rate ladder")

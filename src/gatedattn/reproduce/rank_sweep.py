@@ -34,8 +34,7 @@ class RankConfig(TextConfig):
     """The rank sweep: the natural-text recipe of :class:`TextConfig` for the full-rank
     ``gated`` reference and ``hyga-lowrank`` at each inner width of ``ranks``."""
 
-    COMMAND: ClassVar[str] = "gatedattn reproduce --study rank"
-    QUICK_OUT: ClassVar[str] = "runs/reproduce-rank-quick"
+    STUDY: ClassVar[str] = "rank"  # its name in the study registry
 
     variants: tuple[str, ...] = option((REFERENCE, SWEPT), choices=(REFERENCE, SWEPT),
                                        help="the reference and the swept variant (both are always trained)")

@@ -89,8 +89,7 @@ class TextConfig:
     preset="tiny")`` changes ``train``). The learning-rate and rank studies and the main
     job extend this config with their own fields."""
 
-    COMMAND: ClassVar[str] = "gatedattn reproduce --study text"
-    QUICK_OUT: ClassVar[str] = "runs/reproduce-text-quick"
+    STUDY: ClassVar[str] = "text"  # its name in the study registry
 
     variants: tuple[str, ...] = option(("baseline", "gated"), help="attention presets to compare")
     seeds: int = option(3, gt=0, help="seeds per variant; with 2+ the report tests seed noise")
@@ -149,9 +148,10 @@ class TextConfig:
     @classmethod
     def quick(cls, **changes: Any) -> Any:
         """About a minute on a 2-core CPU: a smoke test of the whole pipeline."""
+        out_dir = cls.__dataclass_fields__["out_dir"].default + "-quick"
         base = dict(preset="tiny", seq_len=128, micro_batch=8, steps=40, budget_minutes=None, warmup_steps=5, evals=2,
-                    seeds=1, analysis_sequences=8, multiples=(1, 2), out_dir=cls.QUICK_OUT, min_steps=10,
-                    timing_rounds=3, **cls._quick_fields())
+                    seeds=1, analysis_sequences=8, multiples=(1, 2), out_dir=out_dir, min_steps=10, timing_rounds=3,
+                    **cls._quick_fields())
         return cls.make(**{**base, **changes})
 
     @classmethod
@@ -161,6 +161,11 @@ class TextConfig:
 
     def replace(self, **changes: Any) -> Any:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def command(cls) -> str:
+        """The command line that runs this study with its defaults."""
+        return "gatedattn reproduce" + ("" if cls.STUDY == "main" else f" --study {cls.STUDY}")
 
     @property
     def data_dir(self) -> str | None:
@@ -202,8 +207,7 @@ class ReproduceConfig(TextConfig):
     natural-text study (the fields of :class:`TextConfig`); ``fold`` joins the results of
     learning-rate and rank studies run apart to its claims."""
 
-    COMMAND: ClassVar[str] = "gatedattn reproduce"
-    QUICK_OUT: ClassVar[str] = "runs/reproduce-quick"
+    STUDY: ClassVar[str] = "main"
 
     out_dir: str = option("runs/reproduce", help="output directory")
     fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
@@ -460,14 +464,8 @@ def reproduce(cfg: TextConfig, command: str | None = None, *, mechanism: Mechani
     returns the report's path. ``foldable``: the results key of each study that may be
     folded in, with its report section (from the study registry)."""
     started = time.time()
-    out = Path(cfg.out_dir)
     folds = read_folds(fold, tuple(foldable))
-    data_dir = ensure_data(cfg)
-    data = TokenData(data_dir, verify=True)  # every input checked before the output directory exists
-    data.check_tokenizer()
-    out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"study": _study_name(cfg), "config": {**cfg.to_dict(), **_report_fields(cfg.train)},
-                               "variants": {}, "summary": {}}
+    out, data_dir, data, results = _start(cfg)
     if mechanism is not None:
         results["mechanism"] = run_mechanism_part(mechanism, out)
         atomic_write_json(out / "results.json", json_safe(results))
@@ -494,13 +492,7 @@ def run_apart(cfg: TextConfig, command: str | None, key: str, study: Callable[..
     out)`` trains into ``results[key]``; writes ``results.json`` and, with ``report``,
     ``report.md``; returns the report's path."""
     started = time.time()
-    out = Path(cfg.out_dir)
-    data_dir = ensure_data(cfg)
-    data = TokenData(data_dir, verify=True)
-    data.check_tokenizer()
-    out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"study": _study_name(cfg), "config": {**cfg.to_dict(), **_report_fields(cfg.train)},
-                               "variants": {}, "summary": {}}
+    out, data_dir, data, results = _start(cfg)
     results[key] = study(cfg, data_dir, data, out)
     results["config"].update(steps=results[key]["steps"], batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)))
@@ -509,9 +501,17 @@ def run_apart(cfg: TextConfig, command: str | None, key: str, study: Callable[..
     return report(results, out)
 
 
-def _study_name(cfg: TextConfig) -> str:
-    """The registered study a config runs (its command's ``--study``, or main)."""
-    return cfg.COMMAND.rpartition("--study ")[2] if "--study " in cfg.COMMAND else "main"
+def _start(cfg: TextConfig) -> tuple[Path, Path, TokenData, dict[str, Any]]:
+    """A study's output directory, its data (prepared once where none is given, and
+    checked before the output directory exists), and its results as they start."""
+    data_dir = ensure_data(cfg)
+    data = TokenData(data_dir, verify=True)
+    data.check_tokenizer()
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"study": cfg.STUDY, "config": {**cfg.to_dict(), **_report_fields(cfg.train)},
+               "variants": {}, "summary": {}}
+    return out, data_dir, data, results
 
 
 def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path,
@@ -537,7 +537,7 @@ def _meta(cfg: TextConfig, data: TokenData, command: str | None, started: float)
     a = mcfg.attention
     n_params = sum(p.numel() for p in GatedLM(mcfg).parameters())
     return {
-        **run_meta(command or cfg.COMMAND, started),
+        **run_meta(command or cfg.command(), started),
         "data": f"{data.manifest.source} — {data.train_tokens:,} training / {data.val_tokens:,} validation tokens, "
                 f"vocab {data.vocab_size} (byte-level BPE)",
         "model": f"{mcfg.n_layers} layers, d_model {a.d_model}, {a.n_heads} heads ({a.n_kv_heads} KV), "
