@@ -98,7 +98,123 @@ def fx(tmp_path_factory) -> dict[str, Path]:
     (nonempty / "keep").write_text("x")
     f.update(bad_w=bad_w, inf_w=inf_w, bad_cfg=bad_cfg, one_tok=one_tok, file=root / "a_file",
              png=root / "existing.png", nonempty=nonempty)
+    f.update(_damaged_models(root, model, copy))
+    f.update(_damaged_data(root, data, texts, copy))
+    f.update(_damaged_runs(root, run, copy))
     return f
+
+
+def _rotate_merges(path: Path) -> None:
+    """Another tokenizer of the same size: the same vocabulary, the merges in another order."""
+    tok = json.loads(path.read_text())
+    merges = tok["model"]["merges"]
+    tok["model"]["merges"] = merges[1:] + merges[:1]
+    path.write_text(json.dumps(tok))
+
+
+def _flip(path: Path, pos: int) -> None:
+    b = bytearray(path.read_bytes())
+    b[pos] ^= 0x01
+    path.write_bytes(bytes(b))
+
+
+def _edit_config(d: Path, change, keep_manifest: bool) -> Path:
+    cfg = json.loads((d / "config.json").read_text())
+    change(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    if keep_manifest:
+        record(d / "config.json")
+    else:
+        (d / "checksums.json").unlink()
+    return d
+
+
+def _damaged_models(root: Path, model: Path, copy) -> dict[str, Path]:
+    """Model directories in gatedattn and HF format, each damaged in one way."""
+    from gatedattn.hf.cli import convert
+
+    hf = convert(model, root / "hf", fmt="hf")
+    hf_flipped = copy(hf, "hf_flipped")
+    _flip(hf_flipped / "model.safetensors", -3)
+    hf_unlisted = copy(hf, "hf_unlisted_config")
+    sums = json.loads((hf_unlisted / "checksums.json").read_text())
+    del sums["config.json"]
+    (hf_unlisted / "checksums.json").write_text(json.dumps(sums))
+    hf_inf = copy(hf, "hf_inf")
+    state = load_file(hf_inf / "model.safetensors")
+    state["model.embed_tokens.weight"][1, 1] = float("inf")
+    save_file(state, hf_inf / "model.safetensors", metadata={"format": "pt"})
+    record(hf_inf / "model.safetensors")
+    hf_int8 = copy(hf, "hf_int8")
+    state = load_file(hf_int8 / "model.safetensors")
+    state["model.norm.weight"] = state["model.norm.weight"].to(torch.int8)
+    save_file(state, hf_int8 / "model.safetensors", metadata={"format": "pt"})
+    record(hf_int8 / "model.safetensors")
+    int32 = copy(model, "model_int32")
+    state = load_file(int32 / "model.safetensors")
+    state["norm.weight"] = state["norm.weight"].to(torch.int32)
+    save_file(state, int32 / "model.safetensors", metadata={"format": "pt"})
+    record(int32 / "model.safetensors")
+    sums_dir = copy(model, "model_checksums_dir")
+    (sums_dir / "checksums.json").unlink()
+    (sums_dir / "checksums.json").mkdir()
+    tok_swapped = copy(model, "model_tok_swapped")
+    _rotate_merges(tok_swapped / "tokenizer.json")
+    deep = copy(model, "model_deep_config")
+    (deep / "config.json").write_text("[" * 50000 + "]" * 50000)
+    (deep / "checksums.json").unlink()
+    deep_obj = copy(model, "model_deep_object")
+    (deep_obj / "config.json").write_text('{"a":' * 300 + "1" + "}" * 300)
+    record(deep_obj / "config.json")
+    att = _edit_config(copy(model, "model_attention_str"), lambda c: c.update(attention="gated"), True)
+    big = _edit_config(copy(model, "model_vocab_1e12"), lambda c: c.update(vocab_size=10**12), True)
+    layers = _edit_config(copy(model, "model_layers_1e12"), lambda c: c.update(n_layers=10**12), False)
+    rope = _edit_config(copy(hf, "hf_rope_abc"), lambda c: c["rope_parameters"].update(rope_theta="abc"), False)
+    wm = copy(hf, "hf_weight_map_int")
+    (wm / "checksums.json").unlink()
+    names = list(load_file(wm / "model.safetensors"))
+    (wm / "model.safetensors").rename(wm / "shard.safetensors")
+    (wm / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: 5 for n in names}}))
+    return dict(hf=hf, hf_flipped=hf_flipped, hf_unlisted=hf_unlisted, hf_inf=hf_inf, hf_int8=hf_int8,
+                model_int32=int32, sums_dir=sums_dir, tok_swapped=tok_swapped, deep_cfg=deep, deep_obj=deep_obj,
+                att_str=att, big_vocab=big, big_layers=layers, rope_abc=rope, wm_int=wm)
+
+
+def _damaged_data(root: Path, data: Path, texts: Path, copy) -> dict[str, Path]:
+    """Data directories damaged in one way, and inputs that overlap outputs."""
+    data_tok = copy(data, "data_tok_swapped")
+    _rotate_merges(data_tok / "tokenizer.json")
+    val_flipped = copy(data, "data_val_flipped")
+    _flip(val_flipped / "val.bin", 7)
+    deep = copy(data, "data_deep_manifest")
+    (deep / "manifest.json").write_text("[" * 50000 + "]" * 50000)
+    nest = root / "nest"
+    shutil.copytree(texts, nest / "docs")
+    (root / "texts_link").symlink_to(texts, target_is_directory=True)
+    mixed = root / "mixed"
+    mixed.mkdir()
+    for name in ("d0.txt", "d1.txt"):
+        shutil.copy(texts / name, mixed / name)
+    (mixed / "more.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(4)))
+    return dict(data_tok=data_tok, val_flipped=val_flipped, deep_manifest=deep, nest=nest,
+                texts_link=root / "texts_link", mixed=mixed)
+
+
+def _damaged_runs(root: Path, run: Path, copy) -> dict[str, Path]:
+    """Run directories whose latest checkpoint is damaged (with matching checksums)."""
+    from gatedattn.train.checkpoint import latest_checkpoint
+
+    info_list = copy(run, "run_info_list")
+    ckpt = latest_checkpoint(info_list)
+    (ckpt / "checkpoint.json").write_text("[1, 2]")
+    record(ckpt / "checkpoint.json")
+    state_keys = copy(run, "run_state_keys")
+    ckpt = latest_checkpoint(state_keys)
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=True)
+    del state["rng"], state["optimizer"]
+    torch.save(state, ckpt / "trainer_state.pt")
+    record(ckpt / "trainer_state.pt")
+    return dict(run_info_list=info_list, run_state_keys=state_keys)
 
 
 TRAIN_FAST = ["--preset", "micro", "--set", "seq_len=16", "--set", "micro_batch=2", "--set", "steps=2",
@@ -154,6 +270,16 @@ def train_cases(f):
         ("train --resume other variant", ["train", "--resume", str(f["run"]), "--variant", "baseline"]),
         ("train --resume other model", ["train", "--resume", str(f["run"]), "--set", "model.n_layers=3"]),
         ("train --resume other lr", ["train", "--resume", str(f["run"]), "--set", "lr=0.5"]),
+        ("train swapped data tokenizer", ["train", "--data", str(f["data_tok"]), "--out", out, *TRAIN_FAST]),
+        ("train micro_batch 1e12", [*base, "--set", "micro_batch=1000000000000"]),
+        ("train grad_accum 1e12", [*base, "--set", "grad_accum=1000000000000"]),
+        ("train n_layers 1e12", [*base, "--set", "model.n_layers=1000000000000"]),
+        ("train ffn_dim 1e12", [*base, "--set", "model.ffn_dim=1000000000000"]),
+        ("train spike_window 1e20", [*base, "--set", "spike_window=100000000000000000000"]),
+        ("train seed 2**64", [*base, "--set", f"seed={2**64}"]),
+        ("train out inside data", ["train", "--data", d, "--out", str(f["data"] / "run"), *TRAIN_FAST]),
+        ("train --resume checkpoint.json a list", ["train", "--resume", str(f["run_info_list"])]),
+        ("train --resume state without rng", ["train", "--resume", str(f["run_state_keys"])]),
     ]
     return cases
 
@@ -178,6 +304,9 @@ def sweep_cases(f):
                                 "--variants", "gated", "--lr", "1e-3"]),
         ("sweep --resume DIR", [*base, "--variants", "gated", "--lr", "1e-3", "--resume", str(f["run"])]),
         ("sweep no --variants", [*base, "--lr", "1e-3"]),
+        ("sweep lrs printing alike", [*base, "--variants", "gated", "--lr", "0.001,0.0010000001"]),
+        ("sweep out inside data", ["sweep", "--data", d, "--out", str(f["data"] / "s"), *TRAIN_FAST,
+                                   "--variants", "gated", "--lr", "1e-3"]),
     ]
 
 
@@ -204,6 +333,21 @@ def data_cases(f):
         ("data info small vocab", ["data", "info", str(f["small_vocab"])]),
         ("data info not data", ["data", "info", str(f["nonempty"])]),
         ("data unknown subcommand", ["data", "frobnicate"]),
+        ("prepare out is input --force", ["data", "prepare", "-q", "--input", texts, "--out", texts, "--force"]),
+        ("prepare out parent of input --force", ["data", "prepare", "-q", "--input", str(f["nest"] / "docs"),
+                                                 "--out", str(f["nest"]), "--force"]),
+        ("prepare out inside input", ["data", "prepare", "-q", "--input", texts, "--out", str(f["texts"] / "d")]),
+        ("prepare out links to input", ["data", "prepare", "-q", "--input", texts, "--out", str(f["texts_link"]),
+                                        "--force"]),
+        ("prepare out holds the tokenizer", ["data", "prepare", "-q", "--input", texts, "--out", str(f["data"]),
+                                             "--tokenizer", str(f["data"] / "tokenizer.json"), "--force"]),
+        ("prepare out '' --force", ["data", "prepare", "-q", "--input", texts, "--out", "", "--force"]),
+        ("prepare --force over a non-data dir", ["data", "prepare", "-q", "--input", texts, "--out",
+                                                 str(f["nonempty"]), "--force"]),
+        ("prepare mixed .txt and .jsonl", ["data", "prepare", "-q", "--input", str(f["mixed"]), "--out", out]),
+        ("data info garbage tokenizer", ["data", "info", str(f["garbage_tok"])]),
+        ("data info swapped tokenizer", ["data", "info", str(f["data_tok"])]),
+        ("data info deep manifest", ["data", "info", str(f["deep_manifest"])]),
     ]
 
 
@@ -237,6 +381,15 @@ def analysis_cases(f):
         ("extrapolate tokens 0", [*ex, "--tokens", "0"]),
         ("extrapolate other tokenizer", ["extrapolate", "--model", m, "--data", str(f["other"])]),
         ("extrapolate flipped weights", ["extrapolate", "--model", str(f["bad_w"]), "--data", d]),
+        ("analyze flipped val.bin", [*an[:4], str(f["val_flipped"]), *an[5:]]),
+        ("extrapolate flipped val.bin", [*ex[:4], str(f["val_flipped"]), *ex[5:]]),
+        ("analyze swapped model tokenizer", ["analyze", "--model", str(f["tok_swapped"]), "--data", d]),
+        ("analyze device meta", [*an[:-2], "--device", "meta"]),
+        ("analyze deep config", ["analyze", "--model", str(f["deep_cfg"]), "--data", d]),
+        ("analyze hf flipped", ["analyze", "--model", str(f["hf_flipped"]), "--data", d]),
+        ("analyze hf config unlisted", ["analyze", "--model", str(f["hf_unlisted"]), "--data", d]),
+        ("analyze hf inf", ["analyze", "--model", str(f["hf_inf"]), "--data", d]),
+        ("extrapolate hf int8", ["extrapolate", "--model", str(f["hf_int8"]), "--data", d]),
     ]
     return cases
 
@@ -272,7 +425,19 @@ def hf_cases(f):
         ("convert bad variant", ["convert", "--from", m, "--to", to, "--variant", "nope"]),
         ("convert bad format", ["convert", "--from", m, "--to", to, "--format", "onnx"]),
         ("convert init without variant", ["convert", "--from", m, "--to", to, "--init", "random"]),
-    ]
+        ("convert to parent of from", ["convert", "--from", m, "--to", str(f["run"]), "--force"]),
+        ("convert to inside from", ["convert", "--from", m, "--to", str(f["model"] / "sub")]),
+        ("convert --force over a non-output", ["convert", "--from", m, "--to", str(f["nonempty"]), "--force"]),
+        ("convert to ''", ["convert", "--from", m, "--to", ""]),
+        ("generate temperature 1e-50", [*gen, "--temperature", "1e-50"]),
+        ("generate temperature 1e300", [*gen, "--temperature", "1e300"]),
+        ("generate device meta", [*gen, "--device", "meta"]),
+        ("generate prompt not UTF-8", ["generate", "--model", m, "--prompt", "the \udcff gate"]),
+    ] + [(f"{cmd} {name}", [cmd, "--" + ("model" if cmd == "generate" else "from"), str(f[name]),
+                            *(["--prompt", "the"] if cmd == "generate" else ["--to", to])])
+         for cmd in ("generate", "convert")
+         for name in ("hf_flipped", "hf_unlisted", "hf_inf", "hf_int8", "model_int32", "sums_dir", "tok_swapped",
+                      "deep_cfg", "deep_obj", "att_str", "big_vocab", "big_layers", "rope_abc", "wm_int")]
 
 
 def reproduce_cases(f):
@@ -301,6 +466,7 @@ def misc_cases(f):
         ("unknown command", ["frobnicate"]),
         ("no command", []),
         ("variants bad option", ["variants", "--bogus"]),
+        ("bench out under a file", ["bench", "--quick", "--out", str(f["file"] / "bench.json")]),
     ]
 
 
@@ -336,7 +502,7 @@ def test_every_bad_invocation_is_one_line_with_no_files(fx, capsys, monkeypatch)
             failures.append(f"{name}: stderr has {len(lines)} lines: {err!r}")
         if new:
             failures.append(f"{name}: left {sorted(new)}")
-    assert len(cases) >= 150
+    assert len(cases) >= 230
     assert not failures, "\n".join(failures)
 
 
@@ -345,8 +511,16 @@ def api_cases(f):
     from gatedattn.model import GatedLM
     from gatedattn.train import TrainConfig, train
 
+    from gatedattn.hf import export_hf, load_model
+
     model = GatedLM.from_pretrained(f["model"])
     vocab = model.cfg.vocab_size
+
+    def inf_model():
+        m = GatedLM.from_pretrained(f["model"])
+        with torch.no_grad():
+            m.norm.weight[0] = float("inf")
+        return m
 
     def cache_of_other_batch():
         cache = model.new_cache()
@@ -379,6 +553,12 @@ def api_cases(f):
                                                          preset="micro", seq_len=16, steps=1, warmup_steps=0))),
         ("TrainConfig max_seq_len < seq_len", lambda: TrainConfig(seq_len=32, model_overrides={"max_seq_len": 8})),
         ("TrainConfig seed -1", lambda: TrainConfig(seed=-1)),
+        ("from_pretrained int32 tensor", lambda: GatedLM.from_pretrained(f["model_int32"])),
+        ("load_model hf int8 tensor", lambda: load_model(f["hf_int8"])),
+        ("load_model hf flipped", lambda: load_model(f["hf_flipped"])),
+        ("load_model swapped tokenizer", lambda: load_model(f["tok_swapped"])),
+        ("export_hf inf weights", lambda: export_hf(inf_model(), f["root"] / "exported")),
+        ("export_hf over a file", lambda: export_hf(model, f["file"])),
     ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,14 +192,12 @@ def test_tokenizer_fingerprint_is_what_it_tokenizes(data_dir, tmp_path):
 def test_analyze_refuses_data_of_another_tokenizer_unless_forced(data_dir, tmp_path, capsys):
     run = tmp_path / "run"
     train(cfg_for(data_dir, run, steps=1))
-    other = tmp_path / "other"
-    other.mkdir()
-    for f in data_dir.iterdir():
-        (other / f.name).write_bytes(f.read_bytes())
-    tok = json.loads((other / "tokenizer.json").read_text())
+    tok = json.loads((data_dir / "tokenizer.json").read_text())
     merges = tok["model"]["merges"]
-    tok["model"]["merges"] = merges[1:] + merges[:1]
-    (other / "tokenizer.json").write_text(json.dumps(tok))
+    tok["model"]["merges"] = merges[1:] + merges[:1]  # another tokenizer of the same size
+    (tmp_path / "other.json").write_text(json.dumps(tok))
+    other = tmp_path / "other"  # data prepared with it: consistent in itself, not the model's
+    prepare([str(_texts(tmp_path / "t"))], other, tokenizer=tmp_path / "other.json", progress=False)
     args = ["analyze", "--model", str(run / "final"), "--data", str(other), "--batches", "1", "--batch-size", "1",
             "--device", "cpu", "--json"]
     assert main(args) == 2
@@ -299,3 +298,335 @@ def test_property_prepare_round_trips_every_document(tmp_path_factory, data_dir,
               for seg in np.split(streams, np.flatnonzero(streams == data.eos_id) + 1) if len(seg)]
     decoded = sorted(p.removesuffix(data.manifest.eos_token) for p in pieces)
     assert decoded == sorted(kept)
+
+
+# ------------------------------------------------------------------------------ nothing a user owns is lost
+def _texts(root: Path, n: int = 6) -> Path:
+    rng = random.Random(3)
+    texts = root / "texts"
+    texts.mkdir(parents=True)
+    for i in range(n):
+        (texts / f"d{i}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(80)))
+    return texts
+
+
+@pytest.mark.parametrize("out", ["same", "parent", "child", "link"])
+def test_prepare_never_replaces_its_input(tmp_path, capsys, out):
+    texts = _texts(tmp_path / "docs")
+    before = {p.name: p.read_bytes() for p in texts.iterdir()}
+    (tmp_path / "link").symlink_to(texts, target_is_directory=True)
+    target = {"same": texts, "parent": tmp_path / "docs", "child": texts / "sub", "link": tmp_path / "link"}[out]
+    code = main(["data", "prepare", "-q", "--input", str(texts), "--out", str(target), "--force",
+                 "--vocab-size", "300"])
+    assert code == 2 and "may not overlap an input" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in texts.iterdir()} == before
+
+
+def test_force_replaces_only_an_earlier_output(data_dir, tmp_path, capsys):
+    texts = _texts(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert main(["data", "prepare", "-q", "--input", str(texts), "--out", str(mine), "--force"]) == 2
+    assert "not a data directory gatedattn wrote" in capsys.readouterr().err
+    assert main(["convert", "--from", str(_final(data_dir, tmp_path)), "--to", str(mine), "--force"]) == 2
+    assert "not a model directory gatedattn wrote" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep me"
+    # an earlier data directory is replaced
+    out = tmp_path / "data"
+    prepare([str(texts)], out, vocab_size=300, progress=False)
+    assert main(["data", "prepare", "-q", "--input", str(texts), "--out", str(out), "--force", "--seed", "3"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["seed"] == 3
+
+
+_FINALS: dict[str, Path] = {}
+
+
+def _final(data_dir: Path, tmp_path: Path) -> Path:
+    """A trained model directory (``final/``), trained once per session."""
+    if str(data_dir) not in _FINALS:
+        run = data_dir.parent / "final_run"
+        if not run.exists():
+            train(cfg_for(data_dir, run, steps=1))
+        _FINALS[str(data_dir)] = run / "final"
+    return _FINALS[str(data_dir)]
+
+
+def test_export_over_an_existing_directory_is_atomic(data_dir, tmp_path, monkeypatch):
+    from gatedattn.hf import export_hf, load_model
+    from gatedattn.hf import export as export_mod
+
+    model = load_model(_final(data_dir, tmp_path))
+    target = tmp_path / "hf"
+    export_hf(model, target)
+    (target / "README.md").write_text("mine")
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+
+    def fail(path, data):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(export_mod, "atomic_write_json", fail)  # the second file fails, after the weights
+    with pytest.raises(OSError):
+        export_hf(model, target)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    monkeypatch.undo()
+    load_model(target)
+    export_hf(model, target)  # a second export keeps what it does not write, with its checksum entries
+    assert (target / "README.md").read_text() == "mine"
+    assert "config.json" in json.loads((target / CHECKSUMS).read_text())
+
+
+def test_export_and_convert_refuse_what_a_load_would_refuse(data_dir, tmp_path):
+    from gatedattn.hf import export_hf, load_model
+
+    model = load_model(_final(data_dir, tmp_path))
+    with torch.no_grad():
+        model.norm.weight[0] = float("nan")
+    with pytest.raises(GatedAttnError, match="non-finite"):
+        export_hf(model, tmp_path / "nan")
+    with pytest.raises(GatedAttnError, match="non-finite"):
+        model.save_pretrained(tmp_path / "nan2")
+    assert not (tmp_path / "nan").exists()
+
+
+def test_hf_directories_are_verified_like_our_own(data_dir, tmp_path, capsys):
+    from gatedattn.hf import load_model
+
+    hf = tmp_path / "hf"
+    assert main(["convert", "--from", str(_final(data_dir, tmp_path)), "--to", str(hf), "--format", "hf"]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(json.loads((hf / CHECKSUMS).read_text()))
+    load_model(hf)
+    cfg = (hf / "config.json").read_text()
+    (hf / "config.json").write_text(cfg.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+    with pytest.raises(GatedAttnError, match="config.json: sha256 differs"):
+        load_model(hf)
+    (hf / "config.json").write_text(cfg)
+    weights = hf / "model.safetensors"
+    clean = weights.read_bytes()
+    for pos in (20, len(clean) // 2, len(clean) - 1):
+        b = bytearray(clean)
+        b[pos] ^= 0x04
+        weights.write_bytes(bytes(b))
+        with pytest.raises(GatedAttnError, match="damaged"):
+            load_model(hf)
+    weights.write_bytes(clean)
+    load_model(hf)
+
+
+# ------------------------------------------------------------------------------ tokenizer identity
+def test_a_swapped_tokenizer_is_refused_everywhere(data_dir, tmp_path, capsys):
+    swapped = tmp_path / "data"
+    shutil.copytree(data_dir, swapped)
+    tok = json.loads((swapped / "tokenizer.json").read_text())
+    tok["model"]["merges"] = tok["model"]["merges"][::-1]  # same size, other tokenizer
+    (swapped / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(GatedAttnError, match="not the tokenizer the streams were encoded with"):
+        train(cfg_for(swapped, tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    assert main(["data", "info", str(swapped)]) == 2
+    assert "tokenizer_sha256" in capsys.readouterr().err
+    final = tmp_path / "final"
+    shutil.copytree(_final(data_dir, tmp_path), final)
+    shutil.copy(swapped / "tokenizer.json", final / "tokenizer.json")
+    assert main(["generate", "--model", str(final), "--prompt", "the"]) == 2
+    assert "tokenizer.json: sha256 differs" in capsys.readouterr().err
+    assert main(["analyze", "--model", str(final), "--data", str(data_dir), "--force"]) == 2
+    assert "tokenizer.json: sha256 differs" in capsys.readouterr().err
+
+
+def test_a_resumed_run_refuses_data_with_another_tokenizer(data_dir, tmp_path):
+    run = tmp_path / "run"
+    train(cfg_for(data_dir, run, stop_at_step=2, ckpt_every=2))
+    other = tmp_path / "other"
+    texts = _texts(tmp_path)
+    prepare([str(texts)], other, tokenizer=None, vocab_size=300, progress=False)
+    with pytest.raises(GatedAttnError, match="different config"):
+        train(cfg_for(other, run), resume=True)
+
+
+def test_analysis_verifies_val_bin(data_dir, tmp_path, capsys):
+    bad = tmp_path / "data"
+    shutil.copytree(data_dir, bad)
+    b = bytearray((bad / "val.bin").read_bytes())
+    b[3] ^= 0x20
+    (bad / "val.bin").write_bytes(bytes(b))
+    final = _final(data_dir, tmp_path)
+    for cmd in (["analyze", "--batches", "1", "--batch-size", "1"], ["extrapolate", "--tokens", "32"]):
+        assert main([*cmd, "--model", str(final), "--data", str(bad), "--device", "cpu"]) == 2
+        assert "val.bin: sha256 differs" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ one writer per run
+_HOLD = """
+import sys, time
+from gatedattn.io import DirLock
+DirLock(sys.argv[1], "run directory").acquire()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_writer_of_a_run_is_refused_naming_the_first(data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(cfg_for(data_dir, run, stop_at_step=2, ckpt_every=2))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["train", "--resume", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert f"in use by another gatedattn process (PID {holder.pid})" in err and len(err.strip().splitlines()) == 1
+    finally:
+        holder.kill()  # the kernel drops the lock with the process: no stale lock
+        holder.wait()
+    assert main(["train", "--resume", str(run), "--set", "stop_at_step=3"]) == 0
+    assert not (run / ".gatedattn.lock").exists()
+
+
+def test_the_lock_survives_its_file_being_recreated(tmp_path):
+    from gatedattn.io import DirLock
+
+    first = DirLock(tmp_path / "d", "run directory").acquire()
+    with pytest.raises(GatedAttnError, match=f"PID {os.getpid()}"):
+        DirLock(tmp_path / "d", "run directory").acquire()
+    first.release()
+    assert (tmp_path / "d").is_dir() and not (tmp_path / "d" / ".gatedattn.lock").exists()
+    second = DirLock(tmp_path / "d", "run directory").acquire()
+    second.release()
+    third = DirLock(tmp_path / "e", "run directory").acquire()  # a directory the lock created ...
+    third.release(remove_empty_dir=True)
+    assert not (tmp_path / "e").exists()  # ... goes with it when nothing was written there
+
+
+# ------------------------------------------------------------------------------ debris
+def test_temporaries_of_a_killed_prepare_are_removed_and_a_live_ones_kept(tmp_path):
+    texts = _texts(tmp_path)
+    out = tmp_path / "data"
+    dead = tmp_path / ".data.k1ll3d.tmp"
+    dead.mkdir()
+    (dead / "train.bin").write_bytes(b"partial")
+    live = tmp_path / ".data.l1ve.tmp"
+    live.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+                               "os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); "
+                               "time.sleep(120)", str(live)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        mine = tmp_path / ".data.notours"  # not the project's naming: never touched
+        mine.mkdir()
+        prepare([str(texts)], out, vocab_size=300, progress=False)
+        assert not dead.exists() and live.is_dir() and mine.is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_train_writes_no_run_files_before_the_model_is_built(data_dir, tmp_path, monkeypatch):
+    from gatedattn.train import trainer as trainer_mod
+
+    real = trainer_mod.GatedLM
+
+    def fail(*a, **k):
+        raise GatedAttnError("no memory for the model")
+
+    monkeypatch.setattr(trainer_mod, "GatedLM", fail)
+    with pytest.raises(GatedAttnError, match="no memory"):
+        train(cfg_for(data_dir, tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(trainer_mod, "GatedLM", real)
+    assert train(cfg_for(data_dir, tmp_path / "run", steps=1)).complete  # the corrected rerun is accepted
+
+
+def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_run(data_dir, tmp_path, monkeypatch):
+    from gatedattn.train.trainer import Trainer
+
+    def fail(self):
+        raise GatedAttnError("out of memory in the first step")
+
+    monkeypatch.setattr(Trainer, "train_step", fail)
+    run = tmp_path / "run"
+    with pytest.raises(GatedAttnError, match="out of memory"):
+        train(cfg_for(data_dir, run))
+    assert not run.exists()
+    monkeypatch.undo()
+    assert train(cfg_for(data_dir, run, steps=1, micro_batch=1)).complete  # the corrected command, same --out
+
+
+# ------------------------------------------------------------------------------ signals outside a training step
+def _signal_during(monkeypatch, module, name, sig=signal.SIGTERM):
+    """Make ``module.name`` send this process ``sig`` and go on (as a signal arriving there)."""
+    real = getattr(module, name)
+
+    def wrapped(*a, **k):
+        os.kill(os.getpid(), sig)
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, wrapped)
+
+
+def test_sigterm_during_prepare_and_convert_is_one_line_and_leaves_nothing(data_dir, tmp_path, monkeypatch, capsys):
+    import gatedattn.data.prepare  # noqa: F401
+    from gatedattn.hf import export as export_mod
+
+    prepare_mod = sys.modules["gatedattn.data.prepare"]  # (the package exports a function of that name)
+
+    texts = _texts(tmp_path)
+    _signal_during(monkeypatch, prepare_mod, "_encode_documents")
+    assert main(["data", "prepare", "-q", "--input", str(texts), "--out", str(tmp_path / "d"),
+                 "--vocab-size", "300"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gatedattn data: SIGTERM:") and "run the same command again" in err[0]
+    _signal_during(monkeypatch, export_mod, "atomic_save_safetensors", signal.SIGINT)
+    assert main(["convert", "--from", str(_final(data_dir, tmp_path)), "--to", str(tmp_path / "c"),
+                 "--format", "hf"]) == 128 + signal.SIGINT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SIGINT" in err[0] and "run the same command again" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["texts"]
+
+
+def test_sigterm_during_analysis_and_the_first_evaluation(data_dir, tmp_path, monkeypatch, capsys):
+    import gatedattn.analysis.analyze  # noqa: F401
+    from gatedattn.train.trainer import Trainer
+
+    analyze_mod = sys.modules["gatedattn.analysis.analyze"]
+
+    _signal_during(monkeypatch, analyze_mod, "analyze")
+    final = _final(data_dir, tmp_path)
+    assert main(["analyze", "--model", str(final), "--data", str(data_dir), "--device", "cpu", "--batches", "1",
+                 "--out", str(tmp_path / "r.json")]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SIGTERM" in err[0] and not (tmp_path / "r.json").exists()
+    _signal_during(monkeypatch, Trainer, "evaluate")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data_dir), "--out", str(run), *TRAIN_ARGS, "--set", "steps=2"]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"continue with: gatedattn train --resume {run}" in err[0]
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run)]) == 0
+
+
+# ------------------------------------------------------------------------------ modes and JSON
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_written_files_follow_the_umask(data_dir, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        run = tmp_path / "run"
+        train(cfg_for(data_dir, run, steps=1, ckpt_every=1))
+        assert main(["convert", "--from", str(run / "final"), "--to", str(tmp_path / "hf"), "--format", "hf"]) == 0
+    finally:
+        os.umask(old)
+    for p in [*run.rglob("*"), *(tmp_path / "hf").rglob("*"), tmp_path / "hf"]:
+        want = (0o777 if p.is_dir() else 0o666) & ~umask
+        assert p.stat().st_mode & 0o777 == want, p
+
+
+def test_json_nesting_is_limited(tmp_path):
+    from gatedattn.io import MAX_JSON_DEPTH, read_json
+
+    for depth, ok in ((MAX_JSON_DEPTH, True), (MAX_JSON_DEPTH + 1, False), (100000, False)):
+        (tmp_path / "x.json").write_text("[" * depth + "]" * depth)
+        if ok:
+            read_json(tmp_path / "x.json")
+        else:
+            with pytest.raises(GatedAttnError, match="deeper than"):
+                read_json(tmp_path / "x.json")
