@@ -71,9 +71,18 @@ def test_trainer_option_gives_the_same_losses(data_dir, tmp_path):  # noqa: F811
     assert apply_sets(make_cfg(data_dir, tmp_path), ["activation_checkpointing=2"]).activation_checkpointing == 2
 
 
-@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile internals
-def test_trainer_option_with_compile(data_dir, tmp_path):  # noqa: F811
-    plain, _ = _losses(data_dir, tmp_path / "plain", steps=2)
-    compiled, _ = _losses(data_dir, tmp_path / "compiled", steps=2, activation_checkpointing=1, compile=True)
-    assert compiled == pytest.approx(plain, abs=1e-4)
+def test_compiled_model_gives_the_same_gradients():
+    """Under torch.compile (dynamo and AOTAutograd, where checkpointing is traced; the
+    ``aot_eager`` backend leaves out only inductor's code generation, which takes most of a
+    compile's time) the checkpointed blocks give the eager gradients."""
+    model = GatedLM(ModelConfig.from_preset("micro", "hyga-sink", vocab_size=V))
+    eager = GatedLM(model.cfg)
+    eager.load_state_dict(model.state_dict())
+    model.set_activation_checkpointing(1)
+    model.compile(backend="aot_eager")
+    ids = torch.randint(0, V, (2, 8))
+    for m in (model, eager):
+        m(ids).float().square().mean().backward()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
