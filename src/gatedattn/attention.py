@@ -1,4 +1,5 @@
-"""The attention layer: projections, optional gates and sink, a swappable core.
+"""The attention layer: projections, optional gates and sink, a swappable core
+(docs/design.md sections 1-3: the gate positions, HyGA, the learnable sink).
 
 Data flow for one layer (``X`` is the input after the pre-norm)::
 

@@ -4,7 +4,8 @@
 small frozen parts: ``RopeConfig`` (positions), ``MLAConfig`` (latent KV, optional),
 ``GateConfig`` (the gates of both papers, optional). Every invalid value or
 combination fails in ``__post_init__`` with a message naming the field and the
-allowed values, so a bad variant never reaches training.
+allowed values, so a bad variant never reaches training. docs/design.md section 1 tables
+every ``GateConfig`` axis, section 2 HyGA's fields, section 3 the sink.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A ``Gate`` scales (or shifts) a tensor ``Y`` of shape (B, T, G, D) -- G heads of
 channels -- with scores computed from the layer input X (the X-gate), from Y itself
 (HyGA's H-gate, fused with the X-gate logits) and across heads (HyGA's C-gate).
 Every score passes through a ``GateScore`` module, so analysis code can read gate
-activations with forward hooks.
+activations with forward hooks. The formulas are those of docs/design.md sections 1 (the
+gate's axes) and 2 (HyGA's X-, H- and C-gates and their fusion).
 """
 
 from __future__ import annotations

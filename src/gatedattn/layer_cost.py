@@ -4,7 +4,8 @@ Parts: ``projections`` (q/k/v/o projections and q/k norms), ``attention`` (the c
 core: QK^T, softmax, PV) and ``gate`` (every gate module, the sink and the per-head
 output transform). Parameters are counted on a layer built on the meta device, so the
 count is exactly what ``Attention(cfg)`` holds. FLOPs count a multiply-add as 2 and
-one per element for activations, softmax steps and gating products.
+one per element for activations, softmax steps and gating products. The gates counted are
+those of docs/design.md sections 1-3.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The G1 gate and the output projection as one autograd function.
+"""The G1 gate and the output projection as one autograd function (docs/design.md
+section 3.1, "Gate and output projection in one function", gives the backward formulas).
 
 ``gated_linear(y, logits, W, b) = (y * sigmoid(logits)) @ W^T + b`` -- the paper's
 multiplicative sigmoid gate on the SDPA output, followed by ``o_proj``. Written as
