@@ -1,17 +1,16 @@
 """lm-evaluation-harness runs on a gatedattn model (``--model hf``, trust_remote_code) and
 its log-likelihoods are the model's own. Needs the ``eval`` extra (skipped without it)."""
 
+import importlib.util
 import json
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing is fetched
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-lm_eval = pytest.importorskip("lm_eval")
+from gatedattn import GatedLM, ModelConfig
 
-from gatedattn import GatedLM, ModelConfig  # noqa: E402
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
+                                reason="lm-eval is not installed (pip install -e '.[eval]')")
 
 V = 40
 WORDS = [f"w{i}" for i in range(V - 3)]
@@ -42,7 +41,9 @@ def _tokenizer():
 
 
 @pytest.mark.slow
-def test_lm_eval_loglikelihoods_are_the_models(tmp_path):
+def test_lm_eval_loglikelihoods_are_the_models(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # local files only: nothing is fetched
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # (read when datasets is first imported, just below)
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
