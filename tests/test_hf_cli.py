@@ -140,8 +140,15 @@ def test_convert_self_contained_writes_code_and_auto_map(hf_dir, tmp_path, capsy
 
 
 def test_convert_refuses_and_overwrites_only_with_force(hf_dir, tmp_path, capsys):
-    target = tmp_path / "out"
-    target.mkdir()
+    mine = tmp_path / "mine"  # not an output of convert: never replaced, even with --force
+    mine.mkdir()
+    (mine / "keep.txt").write_text("old")
+    for force in ((), ("--force",)):
+        code, out, err = run(capsys, "convert", "--from", hf_dir, "--to", mine, *force)
+        assert code == 2 and "--force" in err and len(err.strip().splitlines()) == 1
+    assert (mine / "keep.txt").read_text() == "old"
+    target = tmp_path / "out"  # an earlier output of convert
+    assert run(capsys, "convert", "--from", hf_dir, "--to", target)[0] == 0
     (target / "keep.txt").write_text("old")
     code, out, err = run(capsys, "convert", "--from", hf_dir, "--to", target)
     assert code == 2 and "--force" in err and len(err.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ and property tests of config validation and the data pipeline."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -565,10 +566,9 @@ def _signal_during(monkeypatch, module, name, sig=signal.SIGTERM):
 
 
 def test_sigterm_during_prepare_and_convert_is_one_line_and_leaves_nothing(data_dir, tmp_path, monkeypatch, capsys):
-    import gatedattn.data.prepare  # noqa: F401
     from gatedattn.hf import export as export_mod
 
-    prepare_mod = sys.modules["gatedattn.data.prepare"]  # (the package exports a function of that name)
+    prepare_mod = importlib.import_module("gatedattn.data.prepare")  # (the package exports a function of that name)
 
     texts = _texts(tmp_path)
     _signal_during(monkeypatch, prepare_mod, "_encode_documents")
@@ -585,10 +585,9 @@ def test_sigterm_during_prepare_and_convert_is_one_line_and_leaves_nothing(data_
 
 
 def test_sigterm_during_analysis_and_the_first_evaluation(data_dir, tmp_path, monkeypatch, capsys):
-    import gatedattn.analysis.analyze  # noqa: F401
     from gatedattn.train.trainer import Trainer
 
-    analyze_mod = sys.modules["gatedattn.analysis.analyze"]
+    analyze_mod = importlib.import_module("gatedattn.analysis.analyze")
 
     _signal_during(monkeypatch, analyze_mod, "analyze")
     final = _final(data_dir, tmp_path)

@@ -69,28 +69,13 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
                   device: str = "cpu", force: bool = False) -> str:
     """Prompt plus continuation, decoded. BOS is prepended when the model config has one.
     ``max_new_tokens`` (default: 64, or what the model's context leaves) must fit the context."""
-    from gatedattn.hf.load import load_model
+    from gatedattn.hf.load import load_model, verify_model_dir
 
-    if max_new_tokens is not None and max_new_tokens < 0:
-        raise GatedAttnError(f"--max-new-tokens {max_new_tokens} must be >= 0")
-    lo, hi = TEMPERATURE_RANGE
-    if not math.isfinite(temperature) or not (temperature == 0 or lo <= temperature <= hi):
-        raise GatedAttnError(f"--temperature {temperature} must be 0 (greedy) or in [{lo:g}, {hi:g}]")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise GatedAttnError(f"--prompt is not valid UTF-8 text (byte {prompt[e.start]!r} at {e.start}); "
-                             f"give the prompt as UTF-8") from None
-    if top_k is not None and top_k < 1:
-        raise GatedAttnError(f"--top-k {top_k} must be >= 1")
-    if not 0 <= seed < 2**63:
-        raise GatedAttnError(f"--seed {seed} must be an integer in [0, 2**63)")
+    _check_sampling(prompt, max_new_tokens, temperature, top_k, seed)
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise GatedAttnError(f"--model {model_dir} is not a directory (no model there)")
     dev = _device(device)
-    from gatedattn.hf.load import verify_model_dir
-
     verify_model_dir(model_dir)  # the model's own tokenizer.json is checked with the rest
     tok_path = Path(tokenizer) if tokenizer else model_dir / "tokenizer.json"
     tok = _load_tokenizer(tok_path)
@@ -117,6 +102,25 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
                          generator=generator, use_cache=True, eos_token_id=cfg.eos_token_id)
     start = 1 if cfg.bos_token_id is not None else 0
     return tok.decode(out[0, start:].tolist(), skip_special_tokens=True)
+
+
+def _check_sampling(prompt: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
+                    seed: int) -> None:
+    """The sampling options and the prompt, before anything is loaded."""
+    if max_new_tokens is not None and max_new_tokens < 0:
+        raise GatedAttnError(f"--max-new-tokens {max_new_tokens} must be >= 0")
+    lo, hi = TEMPERATURE_RANGE
+    if not math.isfinite(temperature) or not (temperature == 0 or lo <= temperature <= hi):
+        raise GatedAttnError(f"--temperature {temperature} must be 0 (greedy) or in [{lo:g}, {hi:g}]")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise GatedAttnError(f"--prompt is not valid UTF-8 text (byte {prompt[e.start]!r} at {e.start}); "
+                             f"give the prompt as UTF-8") from None
+    if top_k is not None and top_k < 1:
+        raise GatedAttnError(f"--top-k {top_k} must be >= 1")
+    if not 0 <= seed < 2**63:
+        raise GatedAttnError(f"--seed {seed} must be an integer in [0, 2**63)")
 
 
 def _generate(args: argparse.Namespace) -> int:
