@@ -35,7 +35,7 @@ from typing import Any, Callable
 from gatedattn.config import GateConfig
 from gatedattn.errors import GatedAttnError
 from gatedattn.hf.checkpoint import CONFIG_FILE, SINGLE_FILE
-from gatedattn.hf.load import hf_specs
+from gatedattn.hf.load import hf_specs, quiet_transformers
 from gatedattn.integrity import atomic_model_dir, atomic_save_safetensors, record
 from gatedattn.io import atomic_write_json
 from gatedattn.model import GatedLM, ModelConfig
@@ -220,7 +220,8 @@ def hf_config_for(cfg: ModelConfig, layout: str | None = None):
                              f"trust_remote_code=True once saved with save_pretrained(dir, self_contained=True) "
                              f"(convert --self-contained)")
     try:
-        hf, arch = target.config(cfg)
+        with quiet_transformers():
+            hf, arch = target.config(cfg)
     except Exception as e:  # transformers' validation (e.g. hidden_size not divisible by heads)
         raise GatedAttnError(f"cannot export to the {target.name} layout: {type(e).__name__}: {e}") from None
     hf.architectures = [arch]

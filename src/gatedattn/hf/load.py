@@ -74,14 +74,14 @@ def hf_config_object(raw: dict[str, Any], source: str):
     except KeyError:
         raise GatedAttnError(f"{source}: model_type={model_type!r} is unknown to transformers") from None
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return cls.from_dict(dict(raw))
     except Exception as e:  # transformers' own validation: name the problem, one line
         raise GatedAttnError(f"{source}: invalid {model_type} config ({type(e).__name__}: {e})") from None
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def quiet_transformers():
     """transformers' and torch's warnings off while a config is parsed: a refusal is one line,
     and what matters is in it."""
     from transformers.utils import logging as hf_logging
