@@ -484,6 +484,22 @@ def test_a_second_writer_of_a_run_is_refused_naming_the_first(data_dir, tmp_path
     assert not (run / ".gatedattn.lock").exists()
 
 
+def test_a_second_reproduce_on_one_out_is_refused_before_any_work(data_dir, tmp_path, capsys):
+    out = tmp_path / "repro"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["reproduce", "--quick", "--no-mechanism", "--data", str(data_dir), "--out", str(out),
+                     "--steps", "1", "-q"]) == 2
+        err = capsys.readouterr().err
+        assert f"reproduce --out {out} is in use by another gatedattn process (PID {holder.pid})" in err
+        assert sorted(p.name for p in out.iterdir()) == [".gatedattn.lock"]  # the holder's, nothing else
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_the_lock_survives_its_file_being_recreated(tmp_path):
     from gatedattn.io import DirLock
 

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from gatedattn.errors import ConfigError
-from gatedattn.io import check_writable
+from gatedattn.guard import study_output
 from gatedattn.precision import DTYPES
 from gatedattn.reproduce.runner import ReproduceConfig
 from gatedattn.reproduce.studies import ALWAYS, STUDIES, Study, rewrite
@@ -72,8 +72,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.report_only:
         print(f"report: {rewrite(study, cfg.out_dir)}")
         return 0
-    check_writable(cfg.out_dir, "--out", kind="dir")
-    print(f"report: {study.run(cfg, _command())}")
+    with study_output(cfg.out_dir, budget_minutes=getattr(cfg, "budget_minutes", None)):  # budget, lock, signals
+        print(f"report: {study.run(cfg, _command())}")
     return 0
 
 
