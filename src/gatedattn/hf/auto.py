@@ -17,7 +17,7 @@ token, 0 = padding, left or right; padded keys get zero attention), ``position_i
 (default ``cumsum(attention_mask) - 1``), ``inputs_embeds``, ``labels`` with -100 for
 ignored positions (transformers' causal-LM loss, ``num_items_in_batch`` included), the
 embedding accessors and ``resize_token_embeddings``, activation checkpointing
-(``gradient_checkpointing_enable``, ``every_n_layers``). A 4-D custom mask is refused.
+(``activation_checkpointing_enable(every_n_layers=n)``). A 4-D custom mask is refused.
 
 This module imports transformers (seconds); ``gatedattn.hf`` imports it on first use.
 """
@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from torch.utils.checkpoint import checkpoint
 
 from gatedattn.errors import GatedAttnError
 from gatedattn.hf.configuration import GatedAttnHFConfig
