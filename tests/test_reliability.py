@@ -645,3 +645,21 @@ def test_json_nesting_is_limited(tmp_path):
         else:
             with pytest.raises(GatedAttnError, match="deeper than"):
                 read_json(tmp_path / "x.json")
+
+
+def test_generated_data_directories_record_their_tokenizer(tmp_path):
+    from gatedattn.data.backcopy import BigramBackcopy
+
+    gen = BigramBackcopy.from_text(" ".join(WORDS) * 40, n_chars=12)
+    gen.write_data_dir(tmp_path / "bb", train_tokens=4000, val_tokens=800)
+    TokenData(tmp_path / "bb", verify=True)
+    assert json.loads((tmp_path / "bb" / "manifest.json").read_text())["tokenizer_sha256"] == \
+        tokenizer_fingerprint(tmp_path / "bb" / "tokenizer.json")
+    tok = json.loads((tmp_path / "bb" / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[3:5]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two characters' ids swapped: same size, other text
+    (tmp_path / "bb" / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(GatedAttnError, match="tokenizer_sha256"):
+        TokenData(tmp_path / "bb", verify=True)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

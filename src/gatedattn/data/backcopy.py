@@ -33,7 +33,6 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from gatedattn.errors import ConfigError, GatedAttnError
-from gatedattn.io import atomic_write, atomic_write_text, replace_dir, temp_dir_beside
+from gatedattn.io import atomic_write, atomic_write_text, discard_dir, replace_dir, temp_dir_beside
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -212,17 +211,20 @@ class BigramBackcopy:
                 stream.astype(np.uint16).tofile(path)
                 splits[name] = SplitInfo(path.name, int(n_tokens), n, sha256_file(path))
             atomic_write_text(tmp / "tokenizer.json", self.tokenizer_json())
+            from gatedattn.integrity import tokenizer_fingerprint
+
             manifest = Manifest(
                 format_version=FORMAT_VERSION, dtype="uint16", vocab_size=self.vocab_size, bos_id=self.bos_id,
                 eos_id=self.eos_id, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, tokenizer_file="tokenizer.json",
                 tokenizer_origin="bigram-backcopy", source=f"{self.describe()}, seed {seed}", seed=seed,
                 val_fraction=val_tokens / (train_tokens + val_tokens), train=splits["train"], val=splits["val"],
                 val_document_ids=[f"chain-{i}" for i in range(splits["val"].documents)],
+                tokenizer_sha256=tokenizer_fingerprint(tmp / "tokenizer.json"),
             )
             atomic_write(tmp / MANIFEST_FILE, manifest.save)
             replace_dir(tmp, out)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            discard_dir(tmp)
             raise
         return out
 
