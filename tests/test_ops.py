@@ -154,3 +154,70 @@ def test_cuda_sink_path_uses_no_score_matrix():
     attention_flash_lse(q, k, v, b).sum().backward()
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before < 4 * T * T * 4 // 4  # under a quarter of one fp32 T x T per head
+
+
+def _layer_views(B=2, H=4, Hkv=2, T=9, D=8, gen=None):
+    """q, k, v as the attention layer passes them: (B, H, T, D) views of (B, T, H, D) tensors."""
+    g = gen or torch.Generator().manual_seed(3)
+    q = torch.randn(B, T, H, D, generator=g).requires_grad_()
+    k = torch.randn(B, T, Hkv, D, generator=g).requires_grad_()
+    v = torch.randn(B, T, Hkv, D, generator=g).requires_grad_()
+    return q, k, v
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_flash_lse_sink_on_layer_views_matches_reference(padded):
+    """The fused sink path on the layer's strided views, forward and backward (sink-logit
+    gradient included) against the reference, with and without padding."""
+    key_mask = torch.tensor([[True] * 9, [False] * 3 + [True] * 6]) if padded else None
+    b = torch.randn(4, generator=torch.Generator().manual_seed(4))
+    results = []
+    for fn in (attention_flash_lse, attention_reference):
+        q, k, v = _layer_views()
+        sink = b.clone().requires_grad_()
+        kw = {} if key_mask is None else {"key_mask": key_mask}
+        out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sink, **kw)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+        results.append((out, torch.autograd.grad(out, (q, k, v, sink), dout)))
+    (out_f, g_f), (out_r, g_r) = results
+    torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=1e-5)
+    for a, c in zip(g_f, g_r):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sink_path_saves_what_plain_attention_saves(dtype):
+    """The sink adds nothing to the memory kept for backward: the fused path saves the same
+    bytes as plain SDPA (q, k, v, the output and one log-sum-exp), and its output has the
+    kernel's (B, T, H, D) memory layout, so the layer's reshape before o_proj is a view."""
+    from gatedattn.bench.memory import SavedTensorMeter
+
+    saved, outs = [], []
+    for sink in (None, torch.zeros(4, requires_grad=True)):
+        q, k, v = (t.detach().to(dtype).requires_grad_() for t in _layer_views(T=64, D=16))
+        with SavedTensorMeter(exclude=[] if sink is None else [sink]) as meter:
+            out = attention_flash_lse(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sink)
+            flat = out.transpose(1, 2).reshape(2, 64, -1)
+        saved.append(meter.bytes)
+        outs.append((out.stride(), flat.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()))
+    assert saved[1] == saved[0]
+    assert outs[1] == outs[0] == (outs[0][0], True)
+
+
+def test_attention_layer_with_sink_keeps_baseline_memory():
+    """A whole layer, forward + backward: the sink variant keeps as many bytes for backward
+    as the baseline (the sink logits, a parameter, aside)."""
+    from gatedattn.attention import Attention
+    from gatedattn.bench.memory import SavedTensorMeter
+    from gatedattn.variants import get_variant
+
+    saved = {}
+    for name in ("baseline", "sink", "hyga", "hyga-sink"):
+        torch.manual_seed(0)
+        layer = Attention(get_variant(name)(64, 4, 2, qk_norm=True))
+        x = torch.randn(2, 48, 64, requires_grad=True)
+        with SavedTensorMeter(exclude=list(layer.parameters())) as meter:
+            layer(x).sum().backward()
+        saved[name] = meter.bytes
+    assert saved["sink"] == saved["baseline"]
+    assert saved["hyga-sink"] == saved["hyga"]

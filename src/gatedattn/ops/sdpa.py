@@ -56,6 +56,7 @@ class _CPUFlash:
 
     grouped_kv = True
     takes_mask = True
+    strided = True  # reads (B, H, T, D) views of (B, T, H, D) tensors; its output follows q's layout
 
     @staticmethod
     def forward(q, k, v, scale, mask=None):
@@ -77,6 +78,7 @@ class _CUDAEfficient:
 
     grouped_kv = False
     takes_mask = False
+    strided = False
 
     @staticmethod
     def forward(q, k, v, scale):
@@ -95,7 +97,14 @@ class _CUDAEfficient:
 class _FlashSink(torch.autograd.Function):
     """Causal attention with a per-head sink on a fused kernel that returns the log-sum-exp
     (q: B, H, T, D; k, v: B, Hkv, T, D, Hkv = H unless the kernel reads grouped heads);
-    ``mask`` None (causal) or an additive padding-and-causal mask for a kernel that takes one."""
+    ``mask`` None (causal) or an additive padding-and-causal mask for a kernel that takes one.
+
+    It keeps for backward exactly what the kernel's own backward reads -- q, k, v, the
+    output and one log-sum-exp -- as plain attention does: ``o_sink`` takes the place of
+    ``o`` (written in the kernel output's memory layout, so that the layer's
+    ``transpose(1, 2).reshape`` before ``o_proj`` stays a view and the projection saves the
+    same storage), ``lse_total`` that of ``lse``, and ``p_sink = exp(b - lse_total)`` is
+    recomputed in backward from them and the sink logits."""
 
     @staticmethod
     def forward(ctx, q, k, v, sink, scale, kernel, mask=None):
@@ -103,23 +112,25 @@ class _FlashSink(torch.autograd.Function):
         T = q.shape[2]
         b = sink.float().view(1, -1, 1)
         keep = torch.sigmoid(lse[..., :T] - b)  # 1 - p_sink, (B, H, T)
-        o_sink = (o.float() * keep[..., None]).to(o.dtype)
+        o_sink = torch.empty_like(o)  # o's strides: (B, T, H, D) in memory for the flash kernels
+        torch.mul(o, keep[..., None], out=o_sink)  # in float32, rounded once to o's dtype
+        del o, keep
         lse_total = torch.logaddexp(lse, b.expand_as(lse))
-        ctx.save_for_backward(q, k, v, o_sink, lse_total, keep, *aux)
+        ctx.save_for_backward(q, k, v, o_sink, lse_total, sink, *aux)
         ctx.scale, ctx.kernel, ctx.mask = scale, kernel, mask
         return o_sink
 
     @staticmethod
     def backward(ctx, grad_o):
-        q, k, v, o_sink, lse_total, keep, *aux = ctx.saved_tensors
+        q, k, v, o_sink, lse_total, sink, *aux = ctx.saved_tensors
         grad_o = grad_o.contiguous()
         if ctx.mask is None:
             dq, dk, dv = ctx.kernel.backward(grad_o, q, k, v, o_sink, lse_total, aux, ctx.scale)
         else:
             dq, dk, dv = ctx.kernel.backward(grad_o, q, k, v, o_sink, lse_total, aux, ctx.scale, ctx.mask)
-        p_sink = 1.0 - keep  # (B, H, T)
+        p_sink = torch.exp(sink.float().view(1, -1, 1) - lse_total[..., : q.shape[2]])  # sigmoid(b - lse), (B, H, T)
         d_sink = -(p_sink * (grad_o.float() * o_sink.float()).sum(-1)).sum(dim=(0, 2))  # (H,)
-        return dq, dk, dv, d_sink, None, None, None
+        return dq, dk, dv, d_sink.to(sink.dtype), None, None, None
 
 
 FUSED_LSE_KERNELS = {"cpu": _CPUFlash, "cuda": _CUDAEfficient}
@@ -160,7 +171,7 @@ def attention_flash_lse(
             pad = dv - q.shape[-1]
             q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))
     dtype = torch.promote_types(q.dtype, torch.promote_types(k.dtype, v.dtype))
-    q, k, v = (t.to(dtype).contiguous() for t in (q, k, v))
+    q, k, v = (t.to(dtype) if kernel.strided else t.to(dtype).contiguous() for t in (q, k, v))
     if key_mask is None:
         out = _FlashSink.apply(q, k, v, sink, scale, kernel)
     else:
