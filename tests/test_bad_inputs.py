@@ -188,6 +188,8 @@ def _damaged_data(root: Path, data: Path, texts: Path, copy) -> dict[str, Path]:
     _flip(val_flipped / "val.bin", 7)
     deep = copy(data, "data_deep_manifest")
     (deep / "manifest.json").write_text("[" * 50000 + "]" * 50000)
+    deep_tok = copy(data, "data_deep_tokenizer")
+    (deep_tok / "tokenizer.json").write_text('{"model": ' * 20000 + "1" + "}" * 20000)
     nest = root / "nest"
     shutil.copytree(texts, nest / "docs")
     (root / "texts_link").symlink_to(texts, target_is_directory=True)
@@ -196,7 +198,7 @@ def _damaged_data(root: Path, data: Path, texts: Path, copy) -> dict[str, Path]:
     for name in ("d0.txt", "d1.txt"):
         shutil.copy(texts / name, mixed / name)
     (mixed / "more.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(4)))
-    return dict(data_tok=data_tok, val_flipped=val_flipped, deep_manifest=deep, nest=nest,
+    return dict(data_tok=data_tok, val_flipped=val_flipped, deep_manifest=deep, deep_tok=deep_tok, nest=nest,
                 texts_link=root / "texts_link", mixed=mixed)
 
 
@@ -214,7 +216,9 @@ def _damaged_runs(root: Path, run: Path, copy) -> dict[str, Path]:
     del state["rng"], state["optimizer"]
     torch.save(state, ckpt / "trainer_state.pt")
     record(ckpt / "trainer_state.pt")
-    return dict(run_info_list=info_list, run_state_keys=state_keys)
+    deep = copy(run, "run_deep_config")
+    (deep / "config.json").write_text("[" * 50000 + "]" * 50000)
+    return dict(run_info_list=info_list, run_state_keys=state_keys, run_deep=deep)
 
 
 TRAIN_FAST = ["--preset", "micro", "--set", "seq_len=16", "--set", "micro_batch=2", "--set", "steps=2",
@@ -280,6 +284,8 @@ def train_cases(f):
         ("train out inside data", ["train", "--data", d, "--out", str(f["data"] / "run"), *TRAIN_FAST]),
         ("train --resume checkpoint.json a list", ["train", "--resume", str(f["run_info_list"])]),
         ("train --resume state without rng", ["train", "--resume", str(f["run_state_keys"])]),
+        ("train --resume deep config.json", ["train", "--resume", str(f["run_deep"])]),
+        ("train deep data tokenizer", ["train", "--data", str(f["deep_tok"]), "--out", out, *TRAIN_FAST]),
     ]
     return cases
 
@@ -348,6 +354,8 @@ def data_cases(f):
         ("data info garbage tokenizer", ["data", "info", str(f["garbage_tok"])]),
         ("data info swapped tokenizer", ["data", "info", str(f["data_tok"])]),
         ("data info deep manifest", ["data", "info", str(f["deep_manifest"])]),
+        ("data info deep tokenizer", ["data", "info", str(f["deep_tok"])]),
+        ("prepare deep tokenizer", [*prep, "--tokenizer", str(f["deep_tok"] / "tokenizer.json")]),
     ]
 
 
@@ -433,6 +441,7 @@ def hf_cases(f):
         ("generate temperature 1e300", [*gen, "--temperature", "1e300"]),
         ("generate device meta", [*gen, "--device", "meta"]),
         ("generate prompt not UTF-8", ["generate", "--model", m, "--prompt", "the \udcff gate"]),
+        ("generate deep tokenizer", [*gen, "--tokenizer", str(f["deep_tok"] / "tokenizer.json"), "--force"]),
     ] + [(f"{cmd} {name}", [cmd, "--" + ("model" if cmd == "generate" else "from"), str(f[name]),
                             *(["--prompt", "the"] if cmd == "generate" else ["--to", to])])
          for cmd in ("generate", "convert")
