@@ -14,10 +14,10 @@ from gatedattn.bench.config import BenchConfig, Shape
 from gatedattn.bench.kvcache import cache_bytes_per_token
 from gatedattn.bench.memory import SavedTensorMeter, cpu_training_bytes, tensors_in, unique_storage_bytes
 from gatedattn.bench.report import format_markdown
-from gatedattn.bench.runner import add_ratios, decode_rate
+from gatedattn.bench.runner import add_ratios, decode_rate, decode_spread
 from gatedattn.bench.step import LogitsOf, step_trainer
-from gatedattn.bench.targets import TARGETS, evaluate
-from gatedattn.timing import interleaved_times, quartiles, summarize
+from gatedattn.bench.targets import TARGETS, evaluate, verdict
+from gatedattn.timing import interleaved_times, quartiles, ratio_spread, summarize, times_until_steady
 from gatedattn.bench.workloads import attention_config
 from gatedattn.model import GatedLM, ModelConfig
 from gatedattn.precision import resolve_dtype
@@ -65,6 +65,40 @@ def test_quartiles_and_spread():
     assert summarize([2.0, 2.0]).spread == 0.0
     with pytest.raises(ValueError):
         interleaved_times({"x": lambda: None}, repeats=0)
+
+
+def _steady_after(noisy_rounds, clock):
+    """A workload whose first ``noisy_rounds`` samples alternate 1 s and 2 s, then take 1.5 s."""
+    n = {"i": 0}
+
+    def run():
+        i = n["i"]
+        n["i"] += 1
+        clock.now += (1.0 if i % 2 else 2.0) if i < noisy_rounds else 1.5
+    return run
+
+
+def test_rounds_are_added_until_the_spread_is_small():
+    clock = FakeClock()
+    times = times_until_steady({"a": _steady_after(4, clock), "b": lambda: setattr(clock, "now", clock.now + 1.0)},
+                               repeats=3, max_spread=0.05, time_cap_s=1000.0, warmup=0, clock=clock)
+    # 4 noisy samples; the spread of a falls below 5 % once enough steady ones surround the median
+    n = len(times["a"])
+    assert len(times["b"]) == n and n > 4
+    assert summarize(times["a"]).spread < 0.05 <= summarize(times["a"][:-1]).spread
+
+
+def test_rounds_stop_at_the_time_cap_and_at_repeats_without_a_spread_limit():
+    clock = FakeClock()
+    noisy = _steady_after(10**9, clock)  # never steady: 1.5 s per sample on average
+    times = times_until_steady({"a": noisy}, repeats=2, max_spread=0.05, time_cap_s=30.0, warmup=0, clock=clock)
+    assert len(times["a"]) == 20  # 20 rounds take 30 s of the fake clock
+    times = times_until_steady({"a": noisy}, repeats=2, max_spread=0.05, time_cap_s=0.0, warmup=0, clock=clock)
+    assert len(times["a"]) == 2
+    assert len(interleaved_times({"a": noisy}, repeats=3, warmup=0, clock=clock)["a"]) == 3
+    assert ratio_spread(0.03, 0.04) == pytest.approx(0.05) and ratio_spread(None, 0.1) is None
+    with pytest.raises(ValueError, match="time_cap_s"):
+        times_until_steady({"a": noisy}, repeats=2, max_spread=0.05, time_cap_s=-1.0)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -182,17 +216,63 @@ def test_decode_rate_cancels_the_prefill():
     assert decode_rate(batch=1, new_tokens=4, decode_s=0.5, prefill_s=0.6) is None  # noise: undefined
 
 
+def _timed(median, spread=0.0, **more):
+    return {"median_s": median, "iqr_over_median": spread, **more}
+
+
 def test_targets_met_missed_and_not_measured():
-    shape = {"layer": {"gated-headwise": {"time_ratio": 1.01}, "gated": {"time_ratio": 1.5, "flop_ratio": 1.2},
-                       "sink": {"time_ratio": 1.2, "memory_ratio": 1.0}}}
+    shape = {"layer": {"baseline": _timed(1.0, memory_bytes=100), "gated-headwise": _timed(1.01),
+                       "gated": _timed(1.5, flop_ratio=1.2), "sink": _timed(1.2, memory_ratio=1.0),
+                       "hyga": _timed(1.3, memory_bytes=140), "hyga-sink": _timed(1.3, memory_bytes=150)}}
     rows = {(r["id"], r["shape"]): r for r in evaluate({"default": shape, "long": shape})}
     assert rows[("headwise-layer", "default")]["met"] is True
+    assert rows[("headwise-layer", "default")]["verdict"] == "met"
     assert rows[("gated-vs-flops", "default")]["measured"] == pytest.approx(1.25)
     assert rows[("gated-vs-flops", "default")]["met"] is False
+    assert rows[("gated-vs-flops", "default")]["verdict"] == "missed"
     assert rows[("sink-long-time", "long")]["met"] is False and rows[("sink-long-memory", "long")]["met"] is True
+    hyga_sink = rows[("hyga-sink-long-memory", "long")]  # against hyga, not baseline
+    assert hyga_sink["measured"] == pytest.approx(150 / 140) and hyga_sink["spread"] == 0.0
+    assert hyga_sink["verdict"] == "missed"
     assert ("sink-long-time", "default") not in rows  # long-context targets only at the long shape
     assert rows[("train-vs-qwen3", "default")]["met"] is None  # not run
+    assert rows[("train-vs-qwen3", "default")]["verdict"] == "not measured"
     assert {t.id for t in TARGETS} == {i for i, _ in rows}
+
+
+def test_a_threshold_inside_the_ratios_spread_reads_within_noise():
+    """sink / baseline = 1.06 against <= 1.05: with 3 % and 4 % spreads (5 % on the ratio) the
+    run cannot tell; with 0.3 % and 0.4 % (0.5 %) it is a miss; 1.20 is a miss through 5 %."""
+    def long(sink, spreads):
+        return {"long": {"layer": {"baseline": _timed(1.0, spreads[0]), "sink": _timed(sink, spreads[1])}}}
+
+    def sink_time(res):
+        return next(r for r in evaluate(res) if r["id"] == "sink-long-time")
+
+    noisy = sink_time(long(1.06, (0.03, 0.04)))
+    assert noisy["spread"] == pytest.approx(0.05) and noisy["met"] is False
+    assert noisy["verdict"] == "within noise"
+    assert sink_time(long(1.06, (0.003, 0.004)))["verdict"] == "missed"
+    assert sink_time(long(1.20, (0.03, 0.04)))["verdict"] == "missed"
+    assert sink_time(long(0.90, (0.03, 0.04)))["verdict"] == "met"
+    assert verdict(1.0, 0.0, "<=", 1.0) == "met" and verdict(None, None, "<=", 1.0) == "not measured"
+    assert verdict(1.04, 0.05, ">=", 1.0) == "within noise" and verdict(1.06, 0.05, ">=", 1.0) == "met"
+
+
+def test_decode_rate_spread_comes_from_both_timings():
+    dec, pre = summarize([1.9, 2.0, 2.1]), summarize([0.95, 1.0, 1.05])  # IQRs 0.1 and 0.05, difference 1.0
+    assert decode_spread(dec, pre) == pytest.approx(math.hypot(0.1, 0.05))
+    assert decode_spread(pre, dec) is None  # decoding no slower than the prefill: undefined
+
+
+def test_report_marks_verdicts():
+    targets = [{"description": d, "shape": "long", "measured": m, "spread": sp, "ratio": "time / baseline",
+                "op": "<=", "threshold": 1.05, "met": met, "verdict": v}
+               for d, m, sp, met, v in (("a", 1.06, 0.05, False, "within noise"), ("b", 1.2, 0.01, False, "missed"),
+                                       ("c", 1.0, 0.0, True, "met"))]
+    from gatedattn.bench.report import _verdict
+    assert [_verdict(t) for t in targets] == ["*within noise*", "**MISSED**", "met"]
+    assert _verdict({"met": None}) == "not measured"
 
 
 def test_config_is_validated():
@@ -202,6 +282,12 @@ def test_config_is_validated():
         BenchConfig(repeats=0)
     with pytest.raises(ConfigError, match="device"):
         BenchConfig(device="tpu")
+    with pytest.raises(ConfigError, match=r"max_spread=0.0 must be > 0"):
+        BenchConfig(max_spread=0)
+    with pytest.raises(ConfigError, match=r"time_cap_s=-1.0 must be >= 0"):
+        BenchConfig(time_cap_s=-1)
+    with pytest.raises(ConfigError, match="time_cap_s='x' must be a number"):
+        BenchConfig(time_cap_s="x")
     assert BenchConfig(variants=("gated", "baseline", "gated")).variants == ("baseline", "gated")
 
 
@@ -238,6 +324,8 @@ def test_quick_bench_json_schema_and_ratios(tmp_path, capsys):
         assert len(s["vs_hf"]) == 4
     assert res["kv_cache"]["gqa"]["bytes_per_token"] > 0 and res["kv_cache"]["mla_over_gqa"] > 0
     assert {t["met"] for t in res["targets"]} <= {True, False, None}
+    assert {t["verdict"] for t in res["targets"]} <= {"met", "missed", "within noise", "not measured"}
+    assert h["max_spread"] == 0.05 and h["time_cap_s"] == 0.0
     md = format_markdown(res)
     assert "## Targets" in md and "Qwen3NextAttention" in md and "MLA / GQA" in md
 

@@ -7,12 +7,15 @@ round reach every workload alike. Garbage is collected before each sample and th
 collector is off while it runs. ``summarize`` turns the samples into a median and the
 interquartile range relative to that median: the noise a reader should expect on any
 ratio built from them. ``gatedattn bench`` and the reproduction's overhead claim both use
-it.
+it. ``times_until_steady`` keeps adding rounds until every workload's spread is under a
+limit or a time budget is spent (``gatedattn bench``); ``ratio_spread`` is the spread of a
+ratio of two medians.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -68,20 +71,56 @@ def interleaved_times(
     after ``warmup`` untimed rounds; a sample is the mean of ``per_sample`` back-to-back
     calls. Odd rounds run the workloads in reverse order. ``sync`` runs before reading the
     clock on both sides of a sample (CUDA synchronisation)."""
+    return times_until_steady(workloads, repeats=repeats, max_spread=None, time_cap_s=0.0, warmup=warmup,
+                              per_sample=per_sample, sync=sync, clock=clock)
+
+
+def times_until_steady(
+    workloads: Mapping[str, Callable[[], object]],
+    *,
+    repeats: int,
+    max_spread: float | None,
+    time_cap_s: float,
+    warmup: int = 1,
+    per_sample: int = 1,
+    sync: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """:func:`interleaved_times` that goes on past ``repeats`` rounds while some workload's
+    spread (:attr:`Summary.spread`) is ``max_spread`` or more, until the timed rounds have
+    taken ``time_cap_s`` seconds on ``clock`` (the round under way finishes). ``max_spread``
+    None or ``time_cap_s`` 0 runs exactly ``repeats`` rounds."""
     if repeats < 1 or per_sample < 1:
         raise ValueError(f"repeats={repeats} and per_sample={per_sample} must be >= 1")
     if warmup < 0:
         raise ValueError(f"warmup={warmup} must be >= 0")
+    if time_cap_s < 0 or (max_spread is not None and max_spread <= 0):
+        raise ValueError(f"time_cap_s={time_cap_s} must be >= 0 and max_spread={max_spread} > 0 or None")
     names = list(workloads)
     for _ in range(warmup):
         for fn in workloads.values():
             fn()
     sync()
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
+    start, r = clock(), 0
+    while True:
         for name in (names if r % 2 == 0 else names[::-1]):
             times[name].append(_sample(workloads[name], per_sample, sync, clock))
-    return times
+        r += 1
+        if r < repeats:
+            continue
+        if max_spread is None or clock() - start >= time_cap_s:
+            return times
+        if all(summarize(t).spread < max_spread for t in times.values()):
+            return times
+
+
+def ratio_spread(a: float | None, b: float | None) -> float | None:
+    """The spread of a ratio of two medians whose spreads are ``a`` and ``b`` (relative
+    interquartile ranges, combined as independent errors); None when either is unknown."""
+    if a is None or b is None:
+        return None
+    return math.hypot(a, b)
 
 
 def median_times(workloads: Mapping[str, Callable[[], object]], *, repeats: int, warmup: int = 1) -> dict[str, float]:

@@ -22,9 +22,9 @@ def _command_line(args: argparse.Namespace) -> str:
     argv += [f"--{flag}" for flag in ("compile", "quick", "json") if getattr(args, flag)]
     if args.variants:
         argv += ["--variants", ",".join(args.variants)]
-    for flag in ("repeats", "warmup", "out"):
+    for flag in ("repeats", "warmup", "max_spread", "time_cap", "out"):
         if getattr(args, flag) is not None:
-            argv += [f"--{flag}", str(getattr(args, flag))]
+            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     return "gatedattn " + shlex.join(argv)
 
 
@@ -39,9 +39,10 @@ def _run(args: argparse.Namespace) -> int:
     given = {"device": args.device, "dtype": args.dtype, "compile": args.compile}
     if args.variants:
         given["variants"] = args.variants
-    for name in ("repeats", "warmup"):
+    for name, field in (("repeats", "repeats"), ("warmup", "warmup"), ("max_spread", "max_spread"),
+                        ("time_cap", "time_cap_s")):
         if getattr(args, name) is not None:
-            given[name] = getattr(args, name)
+            given[field] = getattr(args, name)
     cfg = BenchConfig.quick(**given) if args.quick else BenchConfig(**given)
     res = run_bench(cfg, command=_command_line(args))
     if args.out:
@@ -65,8 +66,12 @@ def register(sub) -> None:
                                                           "transformers' alike; decoding stays eager)")
     p.add_argument("--variants", type=_names, help="comma-separated presets (default baseline,gated,"
                                                    "gated-headwise,sink,hyga-lowrank,hyga-sink; baseline is always run)")
-    p.add_argument("--repeats", type=int, help="timed repeats per workload (default 7; --quick 2)")
+    p.add_argument("--repeats", type=int, help="timed repeats per workload at least (default 7; --quick 2)")
     p.add_argument("--warmup", type=int, help="untimed warm-up rounds before them (default 2; --quick 1)")
+    p.add_argument("--max-spread", type=float, help="add rounds while a workload's spread (IQR / median) is at "
+                                                   "least this (default 0.05)")
+    p.add_argument("--time-cap", type=float, help="seconds of timed rounds per group of workloads after which no "
+                                                  "rounds are added (default 120; --quick 0: exactly --repeats)")
     p.add_argument("--quick", action="store_true", help="tiny shapes and 2 repeats: a smoke test of seconds")
     p.add_argument("--out", help="also write the results as JSON to this file")
     p.set_defaults(func=_run)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gatedattn.errors import ConfigError, check_choice
+from gatedattn.errors import ConfigError, check_choice, check_types
 from gatedattn.precision import DTYPES
+from gatedattn.settings import check_options, option
 from gatedattn.variants import VARIANTS
 
 DEVICES = ("auto", "cpu", "cuda")
-DEFAULT_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga-lowrank", "hyga-sink")
+DEFAULT_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga", "hyga-lowrank", "hyga-sink")
 REFERENCE = "baseline"  # every ratio is against this variant, measured in the same run
 
 
@@ -66,7 +67,9 @@ QUICK_SHAPES = (
 class BenchConfig:
     """A benchmark run. ``variants`` are presets of ``gatedattn variants``; ``baseline`` is
     always measured (first) because every ratio is taken against it. ``repeats`` timed rounds
-    follow ``warmup`` untimed ones; ``quick`` uses tiny shapes for a smoke test."""
+    follow ``warmup`` untimed ones, and more rounds follow while a workload's spread is
+    ``max_spread`` or more, until the timed rounds of a group (one kind of workload at one
+    shape) have taken ``time_cap_s``; ``quick`` uses tiny shapes for a smoke test."""
 
     device: str = "auto"
     dtype: str = "auto"
@@ -76,8 +79,14 @@ class BenchConfig:
     repeats: int = 7
     warmup: int = 2
     hf: bool = True
+    max_spread: float = option(0.05, help="repeat a group of workloads until each one's spread (interquartile "
+                                          "range / median) is below this", gt=0.0, le=1.0)
+    time_cap_s: float = option(120.0, help="seconds of timed rounds per group of workloads after which no more "
+                                           "rounds are added (0: exactly `repeats` rounds)", ge=0.0, le=86400.0)
 
     def __post_init__(self) -> None:
+        check_types(self)
+        check_options(self)
         check_choice("BenchConfig", "device", self.device, DEVICES)
         check_choice("BenchConfig", "dtype", self.dtype, DTYPES)
         if not isinstance(self.variants, (tuple, list)) or not self.variants:
@@ -95,5 +104,5 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **fields) -> "BenchConfig":
-        """Tiny shapes, one warm-up and two timed rounds: seconds, for tests."""
-        return cls(**{"shapes": QUICK_SHAPES, "repeats": 2, "warmup": 1, **fields})
+        """Tiny shapes, one warm-up and two timed rounds (no more): seconds, for tests."""
+        return cls(**{"shapes": QUICK_SHAPES, "repeats": 2, "warmup": 1, "time_cap_s": 0.0, **fields})

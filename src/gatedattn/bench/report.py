@@ -28,8 +28,21 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def _verdict(met) -> str:
-    return "not measured" if met is None else ("met" if met else "**MISSED**")
+def _verdict(target: dict) -> str:
+    v = target.get("verdict")
+    if v is None:  # results written before verdicts knew their noise
+        met = target["met"]
+        v = "not measured" if met is None else ("met" if met else "missed")
+    return {"missed": "**MISSED**", "within noise": "*within noise*"}.get(v, v)
+
+
+def _timing_rule(h: dict) -> str:
+    rounds = f"median of {h['repeats']} repeats"
+    if h.get("time_cap_s"):
+        rounds = (f"median of at least {h['repeats']} repeats, repeated until every workload's spread is below "
+                  f"{100 * h['max_spread']:g} % or {h['time_cap_s']:g} s of timed rounds per group")
+    return (f"- timings: {rounds}, interleaved across workloads (A, B, C, C, B, A, ...; garbage collection paused "
+            f"while timing) after {h['warmup']} warm-up rounds; spread = interquartile range / median")
 
 
 def format_markdown(res: dict) -> str:
@@ -46,17 +59,19 @@ def format_markdown(res: dict) -> str:
         f"gatedattn {code.get('gatedattn_version')} at {code.get('git_commit')}{' (dirty)' if code.get('git_dirty') else ''}",
         f"- device {h['device']}, precision {h['precision']['dtype']} ({h['precision']['reason']}), "
         f"torch.compile {'on' if h['compile'] else 'off'}",
-        f"- timings: median of {h['repeats']} repeats interleaved across workloads (A, B, C, C, B, A, ...; garbage collection paused while timing) after "
-        f"{h['warmup']} warm-up rounds; spread = interquartile range / median",
+        _timing_rule(h),
         f"- memory: {h['memory_meter']}",
         f"- ratios are against `{REFERENCE}` measured in the same run",
         "",
         "## Targets",
         "",
+        "Spread of a ratio: the spreads of its two timings combined (memory and FLOP ratios are exact). A "
+        "threshold inside measured × (1 ± spread) reads *within noise*: this run cannot tell.",
+        "",
     ]
-    lines += _table(["target", "shape", "measured", "ratio", "threshold", "verdict"], [
-        [t["description"], t["shape"], _num(t["measured"]), t["ratio"], f"{t['op']} {t['threshold']:g}",
-         _verdict(t["met"])] for t in res["targets"]])
+    lines += _table(["target", "shape", "measured", "spread", "ratio", "threshold", "verdict"], [
+        [t["description"], t["shape"], _num(t["measured"]), _pct(t.get("spread")), t["ratio"],
+         f"{t['op']} {t['threshold']:g}", _verdict(t)] for t in res["targets"]])
     for name, s in res["shapes"].items():
         sh = s["shape"]
         lines += ["", f"## Shape `{name}`: T={sh['seq_len']}, batch {sh['batch']}, d_model {sh['d_model']}, "

@@ -21,7 +21,7 @@ from gatedattn.provenance import cpu_model
 from gatedattn.bench.kvcache import mla_vs_gqa
 from gatedattn.bench.memory import cpu_training_bytes, cuda_peak_bytes
 from gatedattn.bench.targets import evaluate
-from gatedattn.timing import interleaved_times, summarize
+from gatedattn.timing import Summary, summarize, times_until_steady
 from gatedattn.bench.workloads import (HF_GPT_OSS, HF_QWEN3, HF_QWEN3_NEXT, OURS_GPT_OSS, OURS_QWEN3_NEXT,
                                        Context, Workload, build)
 from gatedattn.device import resolve_device
@@ -108,6 +108,29 @@ def decode_rate(batch: int, new_tokens: int, decode_s: float, prefill_s: float) 
     return batch * (new_tokens - 1) / extra if extra > 0 else None
 
 
+def decode_spread(decode: Summary, prefill: Summary) -> float | None:
+    """The spread of the decoding rate, which rests on the difference of two medians: the
+    two interquartile ranges combined as independent errors, over that difference."""
+    extra = decode.median - prefill.median
+    if extra <= 0:
+        return None
+    return math.hypot(decode.q3 - decode.q1, prefill.q3 - prefill.q1) / extra
+
+
+def _times(cfg: BenchConfig, calls: dict, sync: Callable[[], None]) -> dict:
+    """Interleaved rounds: at least ``cfg.repeats``, more while a spread is ``cfg.max_spread``
+    or more, until ``cfg.time_cap_s`` seconds of timed rounds."""
+    return times_until_steady(calls, repeats=cfg.repeats, max_spread=cfg.max_spread, time_cap_s=cfg.time_cap_s,
+                              warmup=cfg.warmup, sync=sync)
+
+
+def _rounds(cfg: BenchConfig) -> str:
+    if cfg.time_cap_s == 0:
+        return f"{cfg.repeats} interleaved rounds"
+    return (f">= {cfg.repeats} interleaved rounds until every spread is below {100 * cfg.max_spread:g} % "
+            f"or {cfg.time_cap_s:g} s")
+
+
 def measure_shape(cfg: BenchConfig, shape: Shape, ctx: Context, say: Callable[[str], None]) -> dict:
     """All figures of one shape."""
     say(f"[{shape.name}] building workloads (T={shape.seq_len}, batch={shape.batch})")
@@ -126,9 +149,8 @@ def measure_shape(cfg: BenchConfig, shape: Shape, ctx: Context, say: Callable[[s
         for w in group.values():  # warm-up before memory: lazily created state (optimizer) exists
             w.run()
         memory = {name: _memory(w, ctx.device) for name, w in group.items()}
-        say(f"[{shape.name}] {kind}: timing {len(group)} workloads x {cfg.repeats} interleaved repeats")
-        times = interleaved_times({n: w.run for n, w in group.items()}, repeats=cfg.repeats,
-                                  warmup=cfg.warmup, sync=sync)
+        say(f"[{shape.name}] {kind}: timing {len(group)} workloads, {_rounds(cfg)}")
+        times = _times(cfg, {n: w.run for n, w in group.items()}, sync)
         rows = {}
         for name, w in group.items():
             s = summarize(times[name]).to_dict()
@@ -137,14 +159,15 @@ def measure_shape(cfg: BenchConfig, shape: Shape, ctx: Context, say: Callable[[s
         add_ratios(rows, cfg.variants)
         out[kind] = rows
 
-    say(f"[{shape.name}] decode: timing {len(kinds['decode'])} models x {cfg.repeats} interleaved repeats")
+    say(f"[{shape.name}] decode: timing {len(kinds['decode'])} models, {_rounds(cfg)}")
     calls = {(k, n): w.run for n in kinds["decode"] for k in ("decode", "prefill") for w in [kinds[k][n]]}
-    times = interleaved_times(calls, repeats=cfg.repeats, warmup=cfg.warmup, sync=sync)
+    times = _times(cfg, calls, sync)
     rows = {}
     for name in kinds["decode"]:
         dec, pre = summarize(times[("decode", name)]), summarize(times[("prefill", name)])
         rows[name] = {**dec.to_dict(), "prefill": pre.to_dict(), "flops": layer_flops(name),
-                      "tokens_per_s": decode_rate(shape.batch, shape.decode_new, dec.median, pre.median)}
+                      "tokens_per_s": decode_rate(shape.batch, shape.decode_new, dec.median, pre.median),
+                      "tokens_per_s_spread": decode_spread(dec, pre)}
     add_ratios(rows, cfg.variants)
     out["decode"] = rows
 
@@ -175,7 +198,8 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None, say: Callable[[st
     header = {"command": command, "machine": machine(device), "device": str(device),
               "precision": precision.as_dict(), "compile": cfg.compile, "code": code_version(),
               "memory_meter": CUDA_MEMORY if device.type == "cuda" else CPU_MEMORY,
-              "repeats": cfg.repeats, "warmup": cfg.warmup, "variants": list(cfg.variants)}
+              "repeats": cfg.repeats, "warmup": cfg.warmup, "max_spread": cfg.max_spread,
+              "time_cap_s": cfg.time_cap_s, "variants": list(cfg.variants)}
     shapes = {}
     for shape in cfg.shapes:
         ctx = Context(shape, precision, device, cfg.compile)
