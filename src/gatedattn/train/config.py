@@ -200,43 +200,44 @@ class TrainConfig:
     model_overrides: InitVar[dict | None] = None
 
     def __post_init__(self, variant: str | None, preset: str | None, model_overrides: dict | None) -> None:
-        own = "TrainConfig"
         if variant is not None or preset is not None or model_overrides is not None:
             if not isinstance(self.model, (ModelRecipe, dict)):
-                raise ConfigError(f"{own}.model must be a ModelRecipe, got {type(self.model).__name__}")
+                raise ConfigError(f"TrainConfig.model must be a ModelRecipe, got {type(self.model).__name__}")
             recipe = _recipe_dict(self.model, variant, preset, model_overrides)
             object.__setattr__(self, "model", ModelRecipe.from_dict(recipe))
-        for name in ("data_dir", "out_dir"):
-            value = getattr(self, name)
-            if isinstance(value, os.PathLike):
-                object.__setattr__(self, name, os.fspath(value))
-            elif value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"{own}.{name}={value!r} must be a non-empty path or None")
+        self._check_paths()
         if not isinstance(self.model, ModelRecipe):
-            raise ConfigError(f"{own}.model must be a ModelRecipe, got {type(self.model).__name__}")
-
+            raise ConfigError(f"TrainConfig.model must be a ModelRecipe, got {type(self.model).__name__}")
         check_types(self)
         check_options(self)
         betas = self.betas
         if (not isinstance(betas, (tuple, list)) or len(betas) != 2
                 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas)):
-            raise ConfigError(f"{own}.betas={betas!r} must be two numbers in [0, 1), e.g. 0.9,0.95")
+            raise ConfigError(f"TrainConfig.betas={betas!r} must be two numbers in [0, 1), e.g. 0.9,0.95")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        self._check_between_fields()
+
+    def _check_paths(self) -> None:
+        for name in ("data_dir", "out_dir"):
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, name, os.fspath(value))
+            elif value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"TrainConfig.{name}={value!r} must be a non-empty path or None")
+
+    def _check_between_fields(self) -> None:
+        """The rules that tie two fields together (each field's own bounds are declared)."""
+        own = "TrainConfig"
         max_len = self.model.lm.get("max_seq_len")
         if max_len is not None and max_len < self.seq_len:
             raise ConfigError(f"{own}: model.max_seq_len={max_len} is shorter than seq_len={self.seq_len}; the model "
                               f"would claim a context shorter than it is trained on")
-        if self.optimizer == "muon":
-            if not hasattr(torch.optim, "Muon"):
-                raise ConfigError(
-                    f"{own}.optimizer='muon' needs torch.optim.Muon, which torch {torch.__version__} "
-                    "does not have; choose 'adamw' or a newer torch"
-                )
-            if self.fsdp:
-                raise ConfigError(
-                    f"{own}.optimizer='muon' is not supported with fsdp=True (Muon orthogonalises whole "
-                    "matrices, FSDP shards them); use DDP (fsdp=false) or optimizer 'adamw'"
-                )
+        if self.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+            raise ConfigError(f"{own}.optimizer='muon' needs torch.optim.Muon, which torch {torch.__version__} "
+                              "does not have; choose 'adamw' or a newer torch")
+        if self.optimizer == "muon" and self.fsdp:
+            raise ConfigError(f"{own}.optimizer='muon' is not supported with fsdp=True (Muon orthogonalises whole "
+                              "matrices, FSDP shards them); use DDP (fsdp=false) or optimizer 'adamw'")
 
     # ------------------------------------------------------------------ derived
     def replace(self, **changes: Any) -> "TrainConfig":
