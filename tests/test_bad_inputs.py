@@ -138,7 +138,7 @@ def _damaged_models(root: Path, model: Path, copy) -> dict[str, Path]:
     _flip(hf_flipped / "model.safetensors", -3)
     hf_unlisted = copy(hf, "hf_unlisted_config")
     sums = json.loads((hf_unlisted / "checksums.json").read_text())
-    del sums["config.json"]
+    sums.pop("config.json", None)  # (unlisted either way)
     (hf_unlisted / "checksums.json").write_text(json.dumps(sums))
     hf_inf = copy(hf, "hf_inf")
     state = load_file(hf_inf / "model.safetensors")
