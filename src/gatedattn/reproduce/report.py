@@ -21,6 +21,12 @@ SUMMARY_COLUMNS = columns(TEXT_METRICS)
 OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon (hidden matrices) + AdamW"}
 
 
+def _mfu_note(speed: dict | None) -> str:
+    """`` (MFU 12.3 %)`` after a step time: model FLOP/s over the machine's measured peak (gatedattn.mfu)."""
+    m = (speed or {}).get("mfu")
+    return "" if m is None else f" (MFU {100 * m:.1f} %)"
+
+
 def _runs(results: dict, variant: str) -> list[dict]:
     return results["variants"][variant]["runs"]
 
@@ -194,7 +200,7 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
     timing = results.get("step_time") or {}
     if timing:
         lines += ["", f"Training step (forward, backward, {OPTIMIZER_NAMES.get(results['config']['optimizer'], results['config']['optimizer'])}; " + f"{results['config']['micro_batch']}×{results['config']['seq_len']} tokens), "
-                  "medians of interleaved rounds after training: " + ", ".join(f"`{v}` {1000 * t:.0f} ms" for v, t in timing.items()) + "."]
+                  "medians of interleaved rounds after training: " + ", ".join(f"`{v}` {1000 * t:.0f} ms" + _mfu_note((results.get("step_mfu") or {}).get(v)) for v, t in timing.items()) + "."]
     lines += ["", "F-Attn: attention on token 0 (the BOS), averaged over heads, queries 1..T-1 and layers. "
               "Sink^ε: fraction of (layer, head) pairs whose mean attention on token 0 exceeds 0.3. "
               "M-Act: largest |activation| of the residual stream over layers.", ""]

@@ -42,6 +42,7 @@ from gatedattn.reproduce.mechanism import (
 )
 from gatedattn.reproduce.report import Section, write_report
 from gatedattn.timing import interleaved_times, median_times
+from gatedattn import mfu
 from gatedattn.settings import build, check_options, dataclass_of, option
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.config import ModelRecipe, has_gate
@@ -478,6 +479,8 @@ def reproduce(cfg: TextConfig, command: str | None = None, *, mechanism: Mechani
                                 warmup=2, per_sample=3)
     results["step_time_samples"] = samples
     results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
+    results["step_mfu"] = {v: mfu.step_fields(cfg.train_config(v, 0, steps=1_000_000), data, t)
+                           for v, t in results["step_time"].items()}
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
     results["meta"] = _meta(cfg, data, command, started)

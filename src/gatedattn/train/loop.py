@@ -32,7 +32,7 @@ from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
 from gatedattn.train import rundir
 from gatedattn.train.config import TrainConfig
-from gatedattn.train.metrics import MetricsLog
+from gatedattn.train.metrics import MetricsLog, SpeedMeter
 from gatedattn.train.trainer import EvalHook, StepStats, Trainer, ppl
 
 
@@ -224,8 +224,12 @@ def _fit(trainer: Trainer) -> "_StopSignals":
     bar = tqdm(total=trainer.total, initial=st.step, desc=f"train {cfg.model.variant}/{cfg.model.size}", unit="step",
                file=sys.stderr, dynamic_ncols=True, disable=not (cfg.progress and trainer.env.is_main))
     window = _Throughput()
+    speed = None
+    if trainer.env.is_main:  # model FLOP/s and MFU beside tokens/s
+        speed = SpeedMeter.measure(trainer.model_cfg, cfg.seq_len, trainer.precision.dtype, trainer.env.device,
+                                   trainer.env.world_size, warn=trainer.say)
     with _StopSignals() as stop:
-        _fit_steps(trainer, bar, window, stop)
+        _fit_steps(trainer, bar, window, stop, speed)
     bar.close()
     return stop
 
@@ -260,15 +264,17 @@ class _StopSignals:
         return None if self.received is None else signal.Signals(self.received).name
 
 
-def _fit_steps(trainer: Trainer, bar, window: "_Throughput", stop: _StopSignals) -> None:
+def _fit_steps(trainer: Trainer, bar, window: "_Throughput", stop: _StopSignals,
+               speed: SpeedMeter | None = None) -> None:
     cfg, st = trainer.cfg, trainer.state
     while st.step < trainer.end:
         stats = trainer.train_step()
         tps = window.add(trainer.tokens_per_step, stats.seconds)
         if _due(stats.step, cfg.log_every, trainer.end) or stats.step == 1 or stats.diverged:
-            _log_step(trainer, stats, tps)
+            _log_step(trainer, stats, tps, speed)
             window.reset()
-        bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+        bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tps:,.0f}",
+                        **({} if speed is None else {"mfu": speed.postfix(tps)}), refresh=False)
         bar.update(1)
         if stats.diverged:
             trainer.say(f"step {stats.step}: diverged ({stats.diverged}); stopping")
@@ -290,10 +296,11 @@ def _due(step: int, every: int, last: int) -> bool:
     return bool(every and step % every == 0) or step == last
 
 
-def _log_step(trainer: Trainer, stats: StepStats, tokens_per_s: float) -> None:
+def _log_step(trainer: Trainer, stats: StepStats, tokens_per_s: float, speed: SpeedMeter | None = None) -> None:
     st = trainer.state
     trainer._log({"kind": "train", "step": stats.step, "tokens": st.tokens, "loss": stats.loss, "lr": stats.lr,
-                  "grad_norm": stats.grad_norm, "tokens_per_s": tokens_per_s, "elapsed_s": trainer.elapsed(),
+                  "grad_norm": stats.grad_norm, "tokens_per_s": tokens_per_s,
+                  **({} if speed is None else speed.fields(tokens_per_s)), "elapsed_s": trainer.elapsed(),
                   "spikes": len(st.spike_steps), "skipped_steps": st.skipped_steps})
 
 

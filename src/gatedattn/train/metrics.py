@@ -2,8 +2,10 @@
 
 ``metrics.jsonl`` holds one JSON object per line, each with ``kind`` and ``step``:
 
-- ``train``: step, tokens, loss, lr, grad_norm, tokens_per_s, elapsed_s, spikes (count so
-  far), skipped_steps (count so far);
+- ``train``: step, tokens, loss, lr, grad_norm, tokens_per_s, model_flops_per_s and mfu
+  (model FLOP/s and its ratio to the machine's measured peak in the run's dtype, times the
+  devices: ``gatedattn.mfu``; mfu is null when no peak could be measured),
+  peak_flops_per_s (per device), elapsed_s, spikes (count so far), skipped_steps (count so far);
 - ``eval``: step, tokens, val_loss, val_ppl, elapsed_s and the eval hook's metrics;
 - ``diverged``: step, loss, reason; ``resume``: step, the fields that changed.
 
@@ -23,12 +25,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gatedattn.io import atomic_write_text, json_safe, read_jsonl
+from gatedattn.mfu import Peak, peak_flops, speed_fields, train_flops_per_token
 
 JSONL = "metrics.jsonl"
 CSV = "metrics.csv"
 TB_DIR = "tensorboard"
-CSV_FIRST = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "spikes",
-             "skipped_steps", "val_loss", "val_ppl")
+CSV_FIRST = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "model_flops_per_s", "mfu",
+             "elapsed_s", "spikes", "skipped_steps", "val_loss", "val_ppl")
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -117,3 +120,35 @@ class SpikeTracker:
             spike = not math.isfinite(loss)
         self.recent.append(loss)
         return spike
+
+
+class SpeedMeter:
+    """Model FLOP/s and MFU of a training run: ``flops_per_token`` (forward + backward of
+    the model at the run's context, ``gatedattn.mfu``), the ``peak`` of one device in the
+    run's dtype (None: unknown) and the number of ``devices`` the tokens/s is over."""
+
+    def __init__(self, flops_per_token: float, peak: Peak | None, devices: int = 1):
+        self.flops_per_token, self.peak, self.devices = flops_per_token, peak, devices
+
+    @classmethod
+    def measure(cls, model_cfg, seq_len: int, dtype: str, device, devices: int = 1,
+                warn=None) -> "SpeedMeter":
+        """Count the model's FLOPs and read (or time) the peak of ``dtype`` on ``device``; a
+        peak that cannot be timed leaves MFU unknown (``warn`` says why) and the run going."""
+        try:
+            peak = peak_flops(dtype, device)
+        except Exception as e:  # never fail a run over its speed readout
+            peak = None
+            if warn is not None:
+                warn(f"no peak FLOP/s for MFU ({type(e).__name__}: {e}); mfu is left empty")
+        return cls(train_flops_per_token(model_cfg, seq_len), peak, devices)
+
+    def fields(self, tokens_per_s: float) -> dict[str, Any]:
+        """``model_flops_per_s``, ``mfu`` and ``peak_flops_per_s`` at ``tokens_per_s``."""
+        return {**speed_fields(self.flops_per_token, tokens_per_s, self.peak, self.devices),
+                "peak_flops_per_s": None if self.peak is None else self.peak.flops_per_s}
+
+    def postfix(self, tokens_per_s: float) -> str:
+        """MFU for a progress bar: ``12.3%`` (``?`` when unknown)."""
+        m = self.fields(tokens_per_s)["mfu"]
+        return "?" if m is None else f"{100 * m:.1f}%"

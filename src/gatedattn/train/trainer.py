@@ -132,7 +132,8 @@ class Trainer:
         self.global_batch = cfg.global_batch(world)
         self.tokens_per_step = cfg.tokens_per_step(world)
         self.state = TrainState()
-        self.autocast = resolve_dtype(cfg.dtype, self.env.device).autocast
+        self.precision = resolve_dtype(cfg.dtype, self.env.device)
+        self.autocast = self.precision.autocast
         torch.manual_seed(cfg.seed)
         # ``model``: train this module instead of a GatedLM built from the recipe (any module
         # mapping ids (B, T) to logits (B, T, V); ``gatedattn bench`` times other models' steps so)
