@@ -18,7 +18,7 @@ from gatedattn.bench.runner import add_ratios, decode_rate, decode_spread
 from gatedattn.bench.step import LogitsOf, step_trainer
 from gatedattn.bench.targets import TARGETS, evaluate, verdict
 from gatedattn.timing import interleaved_times, quartiles, ratio_spread, summarize, times_until_steady
-from gatedattn.bench.workloads import attention_config
+from gatedattn.bench.workloads import attention_config, model_config
 from gatedattn.model import GatedLM, ModelConfig
 from gatedattn.precision import resolve_dtype
 
@@ -292,7 +292,11 @@ def test_config_is_validated():
 
 
 # ----------------------------------------------------------------------------- end to end
-def test_quick_bench_json_schema_and_ratios(tmp_path, capsys):
+def test_quick_bench_json_schema_and_ratios(tmp_path, capsys, monkeypatch):
+    from gatedattn import mfu
+
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(mfu, "_time_matmul", lambda n, dtype, device: 2 * n**3 / 1e10)  # a 10 GFLOP/s machine
     out = tmp_path / "bench.json"
     code = cli.main(["bench", "--quick", "--json", "--device", "cpu", "--dtype", "fp32",
                      "--variants", "gated", "--out", str(out)])
@@ -317,6 +321,15 @@ def test_quick_bench_json_schema_and_ratios(tmp_path, capsys):
             rows = s[kind]
             assert rows["gated"]["memory_ratio"] == pytest.approx(rows["gated"]["memory_bytes"] / rows["baseline"]["memory_bytes"])
             assert rows["gated"]["memory"]["kind"] == "cpu-saved-tensors"
+        for kind in ("layer", "train"):  # model FLOP/s and MFU against the cached 10 GFLOP/s peak
+            for name in ("baseline", "gated"):
+                r = s[kind][name]
+                assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / 1e10) and r["model_flops_per_s"] > 0
+        layer = s["layer"]["gated"]
+        assert layer["model_flops_per_s"] == pytest.approx(3 * layer["flops"] / layer["median_s"])
+        model = mfu.train_flops_per_token(model_config(_shape(s), "gated"), seq)
+        assert s["train"]["gated"]["model_flops_per_s"] == pytest.approx(model * s["train"]["gated"]["tokens_per_s"])
+        assert s["train"]["hf:Qwen3ForCausalLM"]["mfu"] is not None and "mfu" not in s["layer"]["hf:GptOssAttention"]
         flops = [cost(attention_config(_shape(s), v), seq).total_flops for v in ("baseline", "gated")]
         assert s["layer"]["gated"]["flop_ratio"] == pytest.approx(flops[1] / flops[0])
         assert {"hf:Qwen3NextAttention", "ours:gated-from-Qwen3Next", "hf:GptOssAttention",
@@ -326,7 +339,9 @@ def test_quick_bench_json_schema_and_ratios(tmp_path, capsys):
     assert {t["met"] for t in res["targets"]} <= {True, False, None}
     assert {t["verdict"] for t in res["targets"]} <= {"met", "missed", "within noise", "not measured"}
     assert h["max_spread"] == 0.05 and h["time_cap_s"] == 0.0
+    assert h["peak"]["flops_per_s"] == pytest.approx(1e10) and h["peak"]["dtype"] == "fp32"
     md = format_markdown(res)
+    assert "| MFU |" in md and "GFLOP/s" in md and "10.0 GFLOP/s of square fp32 products" in md
     assert "## Targets" in md and "Qwen3NextAttention" in md and "MLA / GQA" in md
 
 

@@ -36,6 +36,19 @@ def _verdict(target: dict) -> str:
     return {"missed": "**MISSED**", "within noise": "*within noise*"}.get(v, v)
 
 
+def _flops(x) -> str:
+    return _num(None if x is None else x / 1e9, ",.1f")
+
+
+def _peak_line(peak: dict, dtype: str) -> str:
+    what = ("- model FLOP/s: forward + backward model FLOPs (3 x `gatedattn.cost` of the layer, of every block "
+            "and the LM head for the training step) per second; MFU = model FLOP/s / peak")
+    if "flops_per_s" not in peak:
+        return f"{what}; no peak: {peak.get('error', 'not measured')}"
+    return (f"{what}, the peak being {_flops(peak['flops_per_s'])} GFLOP/s of square {dtype} products on this "
+            f"machine ({peak['source']})")
+
+
 def _timing_rule(h: dict) -> str:
     rounds = f"median of {h['repeats']} repeats"
     if h.get("time_cap_s"):
@@ -61,6 +74,7 @@ def format_markdown(res: dict) -> str:
         f"torch.compile {'on' if h['compile'] else 'off'}",
         _timing_rule(h),
         f"- memory: {h['memory_meter']}",
+        _peak_line(h.get("peak") or {}, h["precision"]["dtype"]),
         f"- ratios are against `{REFERENCE}` measured in the same run",
         "",
         "## Targets",
@@ -81,16 +95,18 @@ def format_markdown(res: dict) -> str:
                   f"{sh['decode_prompt']}-token prompt. FLOPs / baseline: one attention layer's forward "
                   f"FLOPs (`gatedattn.cost`).", "",
                   "### Attention layer, forward + backward", ""]
-        lines += _table(["workload", "median ms", "spread", "time / baseline", "FLOPs / baseline", "memory MiB",
-                         "memory / baseline"], [
+        lines += _table(["workload", "median ms", "spread", "time / baseline", "FLOPs / baseline", "GFLOP/s", "MFU",
+                         "memory MiB", "memory / baseline"], [
             [n, _ms(r["median_s"]), _pct(r["iqr_over_median"]), _num(r.get("time_ratio")), _num(r.get("flop_ratio")),
-             _mib(r["memory_bytes"]), _num(r.get("memory_ratio"))] for n, r in s["layer"].items()])
+             _flops(r.get("model_flops_per_s")), _pct(r.get("mfu")), _mib(r["memory_bytes"]),
+             _num(r.get("memory_ratio"))] for n, r in s["layer"].items()])
         lines += ["", "### Training step (`Trainer.train_step`: forward, fp32 loss, backward, clip, AdamW)", ""]
-        lines += _table(["workload", "median ms", "spread", "tokens/s", "tokens/s / baseline", "memory MiB",
-                         "memory / baseline", "FLOPs / baseline"], [
+        lines += _table(["workload", "median ms", "spread", "tokens/s", "tokens/s / baseline", "GFLOP/s", "MFU",
+                         "memory MiB", "memory / baseline", "FLOPs / baseline"], [
             [n, _ms(r["median_s"]), _pct(r["iqr_over_median"]), _num(r["tokens_per_s"], ",.0f"),
-             _num(r.get("tokens_per_s_ratio")), _mib(r["memory_bytes"]), _num(r.get("memory_ratio")),
-             _num(r.get("flop_ratio"))] for n, r in s["train"].items()])
+             _num(r.get("tokens_per_s_ratio")), _flops(r.get("model_flops_per_s")), _pct(r.get("mfu")),
+             _mib(r["memory_bytes"]), _num(r.get("memory_ratio")), _num(r.get("flop_ratio"))]
+            for n, r in s["train"].items()])
         lines += ["", "### Cached greedy decoding", "",
                   "Decode tokens/s = batch x (new tokens - 1) / (time to generate all - time to generate one): "
                   "the prefill cancels out.", ""]

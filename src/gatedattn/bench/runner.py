@@ -23,7 +23,9 @@ from gatedattn.bench.memory import cpu_training_bytes, cuda_peak_bytes
 from gatedattn.bench.targets import evaluate
 from gatedattn.timing import Summary, summarize, times_until_steady
 from gatedattn.bench.workloads import (HF_GPT_OSS, HF_QWEN3, HF_QWEN3_NEXT, OURS_GPT_OSS, OURS_QWEN3_NEXT,
-                                       Context, Workload, build)
+                                       Context, Workload, build, model_config)
+from gatedattn import mfu
+from gatedattn.variants import VARIANTS
 from gatedattn.device import resolve_device
 from gatedattn.layer_cost import cost
 from gatedattn.precision import resolve_dtype
@@ -131,8 +133,23 @@ def _rounds(cfg: BenchConfig) -> str:
             f"or {cfg.time_cap_s:g} s")
 
 
-def measure_shape(cfg: BenchConfig, shape: Shape, ctx: Context, say: Callable[[str], None]) -> dict:
-    """All figures of one shape."""
+def train_flops_per_token(shape: Shape, kind: str, name: str, flops_config) -> float | None:
+    """Model FLOPs (forward + backward) per token of a timed workload: one attention layer
+    (``gatedattn.cost``) or the whole model of the training step (``gatedattn.mfu``);
+    transformers' Qwen3 step has exactly our baseline model's configuration. None where
+    the workload's model is not one of ours (transformers' layers)."""
+    if kind == "layer":
+        return None if flops_config is None else 3 * cost(flops_config, shape.seq_len).total_flops / shape.seq_len
+    if kind == "train":
+        if name == HF_QWEN3:
+            name = REFERENCE
+        return mfu.train_flops_per_token(model_config(shape, name), shape.seq_len) if name in VARIANTS else None
+    return None
+
+
+def measure_shape(cfg: BenchConfig, shape: Shape, ctx: Context, say: Callable[[str], None],
+                  peak: "mfu.Peak | None" = None) -> dict:
+    """All figures of one shape; model FLOP/s and MFU of the layer and training rows against ``peak``."""
     say(f"[{shape.name}] building workloads (T={shape.seq_len}, batch={shape.batch})")
     kinds = build(ctx, cfg.variants, cfg.hf)
     sync = _sync(ctx.device)
@@ -156,6 +173,9 @@ def measure_shape(cfg: BenchConfig, shape: Shape, ctx: Context, say: Callable[[s
             s = summarize(times[name]).to_dict()
             rows[name] = {**s, "tokens_per_s": w.tokens / s["median_s"], "memory_bytes": memory[name]["total"],
                           "memory": memory[name], "flops": layer_flops(name)}
+            per_token = train_flops_per_token(shape, kind, name, w.flops_config)
+            if per_token is not None:
+                rows[name].update(mfu.speed_fields(per_token, rows[name]["tokens_per_s"], peak))
         add_ratios(rows, cfg.variants)
         out[kind] = rows
 
@@ -200,10 +220,17 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None, say: Callable[[st
               "memory_meter": CUDA_MEMORY if device.type == "cuda" else CPU_MEMORY,
               "repeats": cfg.repeats, "warmup": cfg.warmup, "max_spread": cfg.max_spread,
               "time_cap_s": cfg.time_cap_s, "variants": list(cfg.variants)}
+    say(f"peak FLOP/s of {precision.dtype} products on {device} (timed once per machine, then cached)")
+    try:
+        peak = mfu.peak_flops(precision.dtype, device)
+        header["peak"] = peak.to_dict()
+    except Exception as e:  # MFU unknown, every other figure still measured
+        peak = None
+        header["peak"] = {"error": f"{type(e).__name__}: {e}"}
     shapes = {}
     for shape in cfg.shapes:
         ctx = Context(shape, precision, device, cfg.compile)
-        shapes[shape.name] = measure_shape(cfg, shape, ctx, say)
+        shapes[shape.name] = measure_shape(cfg, shape, ctx, say, peak)
     say("KV cache bytes per token: MLA vs GQA")
     kv = mla_vs_gqa(cfg.shapes[0])
     header["machine"]["load_average_1m_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
