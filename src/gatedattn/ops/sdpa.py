@@ -112,8 +112,9 @@ class _FlashSink(torch.autograd.Function):
         T = q.shape[2]
         b = sink.float().view(1, -1, 1)
         keep = torch.sigmoid(lse[..., :T] - b)  # 1 - p_sink, (B, H, T)
-        o_sink = torch.empty_like(o)  # o's strides: (B, T, H, D) in memory for the flash kernels
-        torch.mul(o, keep[..., None], out=o_sink)  # in float32, rounded once to o's dtype
+        # in place on the kernel's fresh output: its (B, T, H, D) memory layout is kept, and
+        # the product is taken in float32 and rounded once to o's dtype
+        o_sink = o.mul_(keep[..., None])
         del o, keep
         lse_total = torch.logaddexp(lse, b.expand_as(lse))
         ctx.save_for_backward(q, k, v, o_sink, lse_total, sink, *aux)
