@@ -10,6 +10,11 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gatedattn-tests-inductor-")
     atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
+# Peak FLOP/s (the MFU denominator) timed while tests run would stand in for the machine's
+# in the user's cache; the suite keeps its own.
+if "GATEDATTN_PEAK_CACHE" not in os.environ:
+    os.environ["GATEDATTN_PEAK_CACHE"] = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "peak_flops.json")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -115,7 +115,10 @@ def test_an_unwritable_cache_still_gives_a_peak(tmp_path):
 
 def test_cache_location_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "c"))
+    monkeypatch.delenv("GATEDATTN_PEAK_CACHE", raising=False)
     assert mfu.cache_path() == tmp_path / "c" / "peak_flops.json"
+    monkeypatch.setenv("GATEDATTN_PEAK_CACHE", str(tmp_path / "peaks.json"))  # a file of its own wins
+    assert mfu.cache_path() == tmp_path / "peaks.json"
 
 
 # ----------------------------------------------------------------------------- in the trainer
@@ -139,6 +142,8 @@ def test_train_records_carry_model_flops_and_mfu(data_dir, tmp_path, monkeypatch
     from gatedattn.train import TrainConfig, train
 
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+
+    monkeypatch.delenv("GATEDATTN_PEAK_CACHE", raising=False)
     monkeypatch.setattr(mfu, "_time_matmul", FakeTimer(1e11))
     cfg = TrainConfig(data_dir=str(data_dir), out_dir=str(tmp_path / "run"), preset="micro", variant="sink",
                       seq_len=32, micro_batch=2, steps=3, warmup_steps=1, eval_batches=1, eval_every=0,
@@ -162,6 +167,8 @@ def test_speed_meter_leaves_mfu_empty_when_no_peak_can_be_timed(monkeypatch, tmp
     from gatedattn.train.metrics import SpeedMeter
 
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+
+    monkeypatch.delenv("GATEDATTN_PEAK_CACHE", raising=False)
 
     def broken(n, dtype, device):
         raise RuntimeError("no kernel")
