@@ -303,3 +303,15 @@ def test_calibration_report_only_recomputes_the_uniform_level_and_says_when_the_
     before = (other / "results.json").read_bytes()
     assert main(["reproduce", "--study", "calibrate", "--report-only", "--out", str(other)]) == 2
     assert (other / "results.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--seeds", "0"], "seeds=0 must be > 0"), (["--steps", "0"], "steps=0 must be > 0"),
+    (["--study", "lr", "--seeds", "0"], "LrConfig.seeds=0 must be > 0"),
+    (["--study", "mechanism", "--steps", "0"], "MechanismConfig.steps=0 must be > 0"),
+])
+def test_a_zero_flag_value_is_a_value_and_refused_before_anything_runs(argv, match, tmp_path, capsys):
+    from gatedattn.cli import main
+
+    assert main(["reproduce", *argv, "--out", str(tmp_path / "out")]) == 2
+    assert match in capsys.readouterr().err and not (tmp_path / "out").exists()

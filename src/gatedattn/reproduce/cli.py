@@ -27,6 +27,11 @@ def _dest(flag: str) -> str:
     return flag[2:].replace("-", "_")
 
 
+def _is_given(value: Any) -> bool:
+    """A flag left out reads None (False for a switch, [] for a list); 0 is a value."""
+    return value is not None and value is not False and value != []
+
+
 def _command() -> str | None:
     return "gatedattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
 
@@ -34,7 +39,7 @@ def _command() -> str | None:
 def _given(args: argparse.Namespace) -> list[str]:
     """Every study flag given on the command line, in the order of the registry."""
     known = dict.fromkeys(f for s in STUDIES.values() for f in s.flag_names())
-    return [f for f in known if getattr(args, _dest(f), None) not in (None, False, [])]
+    return [f for f in known if _is_given(getattr(args, _dest(f), None))]
 
 
 def _check_flags(study: Study, args: argparse.Namespace) -> None:
@@ -55,7 +60,7 @@ def study_config(study: Study, args: argparse.Namespace) -> Any:
         given = getattr(args, _dest(flag), None)
         if spec.only_flag:
             refused[spec.key] = flag
-        if given in (None, False, []):
+        if not _is_given(given):
             continue
         values.update(dict.fromkeys(spec.clears))
         values[spec.key] = spec.value if spec.switch else tuple(given) if isinstance(given, list) else given
