@@ -663,3 +663,29 @@ def test_generated_data_directories_record_their_tokenizer(tmp_path):
     with pytest.raises(GatedAttnError, match="tokenizer_sha256"):
         TokenData(tmp_path / "bb", verify=True)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_save_pretrained_over_a_model_survives_a_failed_write(tmp_path, monkeypatch):
+    """A write that fails part-way (disk full on config.json) leaves the old model whole and
+    loadable, with the other files of its directory."""
+    from gatedattn import GatedLM, ModelConfig
+    from gatedattn import model as model_mod
+
+    old = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64))
+    target = old.save_pretrained(tmp_path / "m")
+    (target / "tokenizer.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    new = GatedLM(ModelConfig.from_preset("micro", "baseline", vocab_size=64))
+
+    def disk_full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(model_mod, "atomic_write_json", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        new.save_pretrained(target)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]  # no temporary left beside it
+    assert GatedLM.from_pretrained(target).cfg.variant == "gated"
+    new.save_pretrained(target)  # a write that succeeds replaces the model and keeps the tokenizer
+    assert GatedLM.from_pretrained(target).cfg.variant == "baseline" and (target / "tokenizer.json").is_file()

@@ -30,7 +30,7 @@ from gatedattn.cache import KVCache
 from gatedattn.config import AttentionConfig, RopeConfig
 from gatedattn.errors import ConfigError, GatedAttnError, check_types
 from gatedattn.gates import Gate
-from gatedattn.integrity import atomic_save_safetensors, record as record_checksum, verify_file
+from gatedattn.integrity import atomic_model_dir, atomic_save_safetensors, record as record_checksum, verify_file
 from gatedattn.io import atomic_write_json, read_json_object
 from gatedattn.norm import RMSNorm
 from gatedattn.settings import build, check_options, option
@@ -405,22 +405,24 @@ class GatedLM(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, directory: str | Path, self_contained: bool = False) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` (atomically, no pickle).
+        """Write ``config.json`` and ``model.safetensors`` (no pickle) into a directory written
+        beside ``directory`` and renamed into place, so an existing model there survives any
+        failure whole (its other files, e.g. a tokenizer, are carried over).
         ``self_contained`` also writes the modelling code and an ``auto_map``, so that
         ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` works
         where gatedattn is not installed (see ``gatedattn.hf.bundle``)."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         state = self.state_dict()
         if self.cfg.tie_embeddings:
             state.pop("lm_head.weight")
         config = self.cfg.to_dict()
-        if self_contained:
-            from gatedattn.hf.bundle import write_code
+        with atomic_model_dir(directory) as tmp:  # an existing model survives any failure whole
+            if self_contained:
+                from gatedattn.hf.bundle import write_code
 
-            config["auto_map"] = write_code(directory)
-        atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"})
-        record_checksum(atomic_write_json(directory / CONFIG_FILE, config))
+                config["auto_map"] = write_code(tmp)
+            atomic_save_safetensors(tmp / WEIGHTS_FILE, state, metadata={"format": "pt"})
+            record_checksum(atomic_write_json(tmp / CONFIG_FILE, config))
         return directory
 
     @classmethod
