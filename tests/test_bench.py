@@ -296,6 +296,7 @@ def test_quick_bench_json_schema_and_ratios(tmp_path, capsys, monkeypatch):
     from gatedattn import mfu
 
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GATEDATTN_PEAK_CACHE", str(tmp_path / "cache" / "peak_flops.json"))  # no peak cached yet
     monkeypatch.setattr(mfu, "_time_matmul", lambda n, dtype, device: 2 * n**3 / 1e10)  # a 10 GFLOP/s machine
     out = tmp_path / "bench.json"
     code = cli.main(["bench", "--quick", "--json", "--device", "cpu", "--dtype", "fp32",

@@ -78,12 +78,15 @@ def test_a_folder_of_parquet_files_is_one_source(tmp_path):
     for i, part in enumerate((values[:8], values[8:20], values[20:])):
         write_parquet(folder / "data" / f"train-{i:05d}-of-00003.parquet", part)
     (folder / "README.md").write_text("a dataset card, not a document")
-    corpus = read_input(folder, text_field="body")
+    corpus = read_input(folder, text_field="body")  # the card at the top is left out, with a word
     want = [v for v in values if v and v.strip()]
     assert [d.text for d in corpus.documents] == want
     assert corpus.sources[0].kind == "records-directory" and corpus.sources[0].documents == len(want)
     m = prepare([folder], tmp_path / "out", vocab_size=SMALL_VOCAB, text_field="body", progress=False)
     assert m.train.documents + m.val.documents == len(want)
+    (folder / "data" / "notes.txt").write_text("a document among the records")  # not a card: refused, not dropped
+    with pytest.raises(GatedAttnError, match="holds both"):
+        read_input(folder, text_field="body")
 
 
 @pytest.mark.parametrize("n_buckets_bytes", [1 << 30, 300])

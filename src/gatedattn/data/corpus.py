@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import sys
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -291,6 +292,9 @@ def _size(files: list[Path]) -> int:
     return sum(f.stat().st_size for f in files)
 
 
+DATASET_CARDS = ("readme.md", "readme.txt")  # beside record files at a directory's top: the dataset card
+
+
 def input_source(path: str | os.PathLike, *, text_field: str = "text") -> Source:
     """The :class:`Source` of one input: a directory, a ``.txt``/``.md``, ``.jsonl`` or
     ``.parquet`` file. Problems visible without reading (missing input, unsupported
@@ -302,6 +306,11 @@ def input_source(path: str | os.PathLike, *, text_field: str = "text") -> Source
     if p.is_dir():
         records = _record_files(p)
         texts = _text_files(p)
+        cards = [t for t in texts if t.parent == p and t.name.lower() in DATASET_CARDS]
+        if records and cards:  # a dataset's own description (a Hugging Face snapshot has one), not a document
+            print(f"{p}: {', '.join(c.name for c in cards)} taken as the dataset card, not a document",
+                  file=sys.stderr)
+            texts = [t for t in texts if t not in cards]
         if records and texts:  # one kind per directory: neither is dropped silently
             raise GatedAttnError(
                 f"{p} holds both .parquet/.jsonl files ({len(records)}, e.g. {records[0].relative_to(p)}) and "
