@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed, then runs the whole test suite (slow end-to-end tests included).
+# Sets up .venv if needed, then runs the whole test suite (slow end-to-end tests included),
+# one pytest-xdist worker per core (one torch thread each: tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m pytest -q "$@"
+python -m pytest -q -n auto "$@"

@@ -18,6 +18,11 @@ if "GATEDATTN_PEAK_CACHE" not in os.environ:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Under pytest-xdist (scripts/test.sh runs one worker per core) each worker computes on one
+# thread, so that the workers do not fight over the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed():
