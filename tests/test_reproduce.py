@@ -118,16 +118,16 @@ def test_budget_steps_down_to_a_smaller_model_then_fewer_seeds(monkeypatch):
     monkeypatch.setattr(runner, "plan_steps", fake_plan)
     base = ReproduceConfig.make(budget_minutes=20.0, preset="small", seeds=3)
     # small x 3 seeds x 2 variants at 1 s: 160 steps < 500, so `tiny` at 0.2 s: 800 steps
-    cfg, steps, _, cuts = runner.fit_plan(base, None)
+    cfg, steps, _, cuts = runner.fit_eager_plan(base, None)
     assert (cfg.train.model.size, cfg.seeds, steps) == ("tiny", 3, 800)
     assert "160 steps" in cuts[0] and "`tiny`" in cuts[1]
     # a slower machine: tiny fits 266 at 3 seeds, so the seeds step down (2: 400, 1: 800)
     seconds.update(small=3.0, tiny=0.6)
-    cfg, steps, _, cuts = runner.fit_plan(base, None)
+    cfg, steps, _, cuts = runner.fit_eager_plan(base, None)
     assert (cfg.train.model.size, cfg.seeds, steps) == ("tiny", 1, 800) and "seeds step down to 1" in cuts[-1]
     # a fast machine keeps the model and the seeds
     seconds.update(small=0.1)
-    cfg, steps, _, cuts = runner.fit_plan(base, None)
+    cfg, steps, _, cuts = runner.fit_eager_plan(base, None)
     assert (cfg.train.model.size, cfg.seeds, steps, cuts) == ("small", 3, 1600, [])
     # warm-up is at most a tenth of the run
     assert cfg.train_config("gated", 0, steps=300).warmup_steps == 30
@@ -157,3 +157,29 @@ def test_lr_study_records_divergence(tmp_path, monkeypatch, capsys):
     assert (out / "report.md").read_text() == report
     assert main(["reproduce", "--report-only", "--out", str(out)]) == 2
     assert "holds the results of --study lr, not main" in capsys.readouterr().err
+
+
+def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
+    """auto with a budget: compiled steps (their compile time paid once per run) against the
+    eager plan; the faster over the budget wins, and the decision carries its figures."""
+    from gatedattn.reproduce import runner
+
+    base = ReproduceConfig.make(budget_minutes=10.0, preset="small", seeds=2)
+    eager = {"baseline": 1.0, "gated": 1.0}
+    steps = runner._fit(base, eager, 2)  # 600 s * 0.8 / (2 s * 2 runs) = 120
+    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5), "gated": (20.0, 0.5)})
+    cfg, n, step_s, decision = runner.choose_compile(base, None, steps, eager)
+    # (480 s - 2 runs x 40 s of compiling) / (1 s x 2 runs) = 200 steps > 120
+    assert (cfg.train.compile, n, decision["compiled_steps"], decision["eager_steps"]) == (True, 200, 200, 120)
+    assert step_s == {"baseline": 0.5, "gated": 0.5} and cfg.train_config("gated", 0, steps=10).compile
+    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (200.0, 0.9), "gated": (200.0, 0.9)})
+    cfg, n, step_s, decision = runner.choose_compile(base, None, steps, eager)
+    assert (cfg.train.compile, n, step_s, decision["compile"]) == (False, 120, eager, False)  # compiling costs more
+    for mode, on in (("on", True), ("off", False)):  # as asked, nothing timed
+        monkeypatch.setattr(runner, "time_compiled", None)
+        cfg, n, _, decision = runner.choose_compile(base.replace(compile=mode), None, steps, eager)
+        assert (cfg.train.compile, n, decision) == (on, 120, {"mode": mode, "compile": on})
+    fixed = ReproduceConfig.make(steps=50)  # auto with fixed steps stays eager
+    assert runner.choose_compile(fixed, None, 50, {})[0].train.compile is False
+    with pytest.raises(ConfigError, match="compile='maybe' is not allowed"):
+        ReproduceConfig.make(compile="maybe")

@@ -47,7 +47,7 @@ TRAIN_VALUES = {
 REPRODUCE_VALUES = {
     "variants": ("gated,hyga", ("gated", "hyga")), "seeds": ("2", 2), "budget_minutes": ("5", 5.0),
     "steps": ("none", None), "out_dir": ("r2", "r2"), "evals": ("3", 3), "analysis_sequences": ("16", 16),
-    "multiples": ("1,3", (1, 3)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")), "min_steps": ("50", 50),
+    "multiples": ("1,3", (1, 3)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")), "min_steps": ("50", 50), "compile": ("off", "off"),
     "timing_rounds": ("4", 4),
     "mechanism.variants": ("baseline,sink", ("baseline", "sink")), "mechanism.depths": ("1,3", (1, 3)),
     "mechanism.deep_variants": ("baseline", ("baseline",)), "mechanism.seeds": ("2", 2), "mechanism.steps": ("77", 77),
@@ -107,7 +107,7 @@ def test_every_reproduce_key_reaches_the_reproduction_or_every_run():
     base = ReproduceConfig.quick(preset="micro")
     known = settings(ReproduceConfig)
     train_keys = {s.key for s in known if s.path[0] == "train"}
-    excluded = {"out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant"}
+    excluded = {"out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant", "compile"}
     assert train_keys == {f"train.{k}" for k in TRAIN_VALUES if k not in excluded}
     assert {s.key for s in known if s.path[0] != "train"} == set(REPRODUCE_VALUES)
     for s in known:

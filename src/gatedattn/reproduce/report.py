@@ -127,6 +127,20 @@ def _precision(cfg: dict, meta: dict) -> str:
     return f"{name} (asked `{cfg['dtype']}`: {chosen['reason']})"
 
 
+def _compile_row(d: dict) -> str:
+    """The compile decision in words: as asked, or auto's figures."""
+    state = "on" if d["compile"] else "off"
+    if d["mode"] != "auto":
+        return f"{state} (asked)"
+    if "compiled_steps" not in d:
+        return f"{state} (auto: fixed steps run eager)"
+    per_step = ", ".join(f"`{v}` {d['compiled_step_s'][v]:.2f} s vs {d['eager_step_s'][v]:.2f} s"
+                         for v in d["compiled_step_s"])
+    compile_s = max(d["compile_s"].values())
+    return (f"{state} (auto, timed here: compiled vs eager step {per_step}; up to {compile_s:.0f} s to compile each "
+            f"run; {d['compiled_steps']} compiled vs {d['eager_steps']} eager steps fit the budget)")
+
+
 def _setup_table(results: dict) -> list[str]:
     cfg, meta = results["config"], results["meta"]
     departures = _departures(cfg)
@@ -143,6 +157,7 @@ def _setup_table(results: dict) -> list[str]:
                      f"{_step_plan(cfg)}"),
         *([("departures", departures)] if departures else []),
         ("precision", _precision(cfg, meta)),
+        *([("torch.compile", _compile_row(cfg["compile_choice"]))] if cfg.get("compile_choice") else []),
         ("BOS", "every training and validation sequence starts with a BOS token (a fixed first token lets a sink form)"),
         ("analysis", f"{meta['analysis_tokens']:,} validation tokens, sequences of {cfg['seq_len']} (+BOS)"),
     ]

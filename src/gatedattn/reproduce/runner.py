@@ -65,7 +65,9 @@ def _base_train() -> TrainConfig:
 
 # TrainConfig fields that the reproduction sets for each run itself (the base recipe's
 # variant only stands in for the gated ones, so that gate settings are checked at once)
-_PER_RUN = ("out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant")
+_PER_RUN = ("out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant",
+            "compile")  # the study's own ``compile`` decides it
+COMPILE_MODES = ("auto", "on", "off")
 # the names ``TextConfig.make`` routes into ``train``
 _TRAIN_NAMES = frozenset({f.name for f in dataclasses.fields(TrainConfig)} | {"variant", "preset", "model_overrides"})
 
@@ -105,6 +107,9 @@ class TextConfig:
                                               "(the overhead claim's noise estimate needs 3 or more)")
     min_steps: int = option(500, gt=0, help="fewest training steps a budget-fitted run may get: below it the "
                                             "study steps down to a smaller preset, then to fewer seeds")
+    compile: str = option("auto", choices=COMPILE_MODES, help="torch.compile every run: auto (with a budget, time "
+                          "each variant's compiled step here too, its compile time included, and compile where that "
+                          "fits more steps into the budget; with fixed steps, off), on or off")
     train: TrainConfig = field(default_factory=_base_train, metadata={
         "help": "the base training settings of every run", "exclude": _PER_RUN})
 
@@ -296,7 +301,67 @@ def plan_steps(cfg: TextConfig, data: TokenData, n_runs_per_variant: int,
 STEP_DOWN_PRESETS = ("small", "tiny")  # smaller models to try, in order, when a budget fits too few steps
 
 
-def fit_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[str, float], list[str]]:
+def fit_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[str, float], list[str], dict[str, Any]]:
+    """The study's plan (:func:`fit_eager_plan`), then whether its runs compile
+    (:func:`choose_compile`): the config that runs, its steps, the seconds per step, what was
+    cut and the compile decision."""
+    cfg, steps, step_s, cuts = fit_eager_plan(cfg, data)
+    cfg, steps, step_s, decision = choose_compile(cfg, data, steps, step_s)
+    return cfg, steps, step_s, cuts, decision
+
+
+def choose_compile(cfg: TextConfig, data: TokenData, steps: int,
+                   step_s: dict[str, float]) -> tuple[TextConfig, int, dict[str, float], dict[str, Any]]:
+    """``compile`` resolved: on and off as asked; auto with a budget times each variant's
+    compiled step here (the first step's extra seconds are its compile time, paid once per
+    run) and compiles where that fits more steps into the budget than the eager plan; auto
+    with fixed steps stays eager. The config with ``train.compile`` set, its steps and
+    seconds per step, and the decision with its figures (for the report)."""
+    if cfg.compile != "auto" or cfg.budget_minutes is None:
+        chosen = cfg.compile == "on"
+        return _compiled(cfg, chosen), steps, step_s, {"mode": cfg.compile, "compile": chosen}
+    timed = time_compiled(cfg, data)
+    compiled_s = {v: step for v, (_, step) in timed.items()}
+    overhead = sum(first for first, _ in timed.values()) * cfg.seeds  # one compile per run
+    budget_s = cfg.budget_minutes * 60 * 0.8 - overhead
+    compiled_steps = _round_steps(budget_s / (sum(compiled_s.values()) * cfg.seeds)) if budget_s > 0 else 0
+    chosen = compiled_steps > steps
+    decision = {"mode": "auto", "compile": chosen, "eager_steps": steps, "compiled_steps": compiled_steps,
+                "eager_step_s": step_s, "compiled_step_s": compiled_s,
+                "compile_s": {v: first for v, (first, _) in timed.items()}}
+    _say(f"compiled steps {', '.join(f'{v} {t:.2f}s' for v, t in compiled_s.items())} after "
+         f"{', '.join(f'{v} {f:.0f}s' for v, (f, _) in timed.items())} of compiling: {compiled_steps} steps fit, "
+         f"eager {steps}: {'compiling' if chosen else 'eager'}")
+    if not chosen:
+        return _compiled(cfg, False), steps, step_s, decision
+    return _compiled(cfg, True), compiled_steps, compiled_s, decision
+
+
+def _compiled(cfg: TextConfig, on: bool) -> TextConfig:
+    return dataclasses.replace(cfg, train=cfg.train.replace(compile=on))
+
+
+def time_compiled(cfg: TextConfig, data: TokenData, repeats: int = 3) -> dict[str, tuple[float, float]]:
+    """Per variant: (compile seconds, the first step's time beyond a compiled step's;
+    median seconds of ``repeats`` compiled steps after it)."""
+    timed = {}
+    for variant in cfg.variants:
+        torch._dynamo.reset()  # every variant compiles from scratch, as a run does
+        trainer = Trainer(cfg.train_config(variant, 0, steps=1_000_000).replace(compile=True), data)
+        started = time.perf_counter()
+        trainer.train_step()
+        first = time.perf_counter() - started
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            trainer.train_step()
+            times.append(time.perf_counter() - started)
+        step = statistics.median(times)
+        timed[variant] = (max(first - step, 0.0), step)
+    return timed
+
+
+def fit_eager_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[str, float], list[str]]:
     """The main job's plan: steps fitted to the budget, never fewer than ``min_steps``.
     Where the configured model and seeds do not fit that floor, step down: a smaller
     preset first (``STEP_DOWN_PRESETS``), then fewer seeds. Returns the config that runs,
@@ -326,7 +391,12 @@ def fit_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[st
 def _fit(cfg: TextConfig, step_s: dict[str, float], runs_per_variant: int) -> int:
     """Steps per run that fit 80 % of the budget (the rest: evaluation and analysis)."""
     per_step = sum(step_s.values()) * runs_per_variant
-    steps = int(cfg.budget_minutes * 60 * 0.8 / per_step + 1e-9)
+    return _round_steps(cfg.budget_minutes * 60 * 0.8 / per_step)
+
+
+def _round_steps(steps: float) -> int:
+    """A step count rounded down to tens, at least 10."""
+    steps = int(steps + 1e-9)
     return max(10, steps - steps % 10)
 
 
@@ -523,8 +593,8 @@ def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path,
     every variant and seed into ``results``; the config that ran, its steps, the timed
     step seconds and what the plan cut."""
     started = time.time()
-    cfg, steps, step_s, cuts = fit_plan(cfg, data)
-    results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train)}
+    cfg, steps, step_s, cuts, decision = fit_plan(cfg, data)
+    results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train), "compile_choice": decision}
     for variant in cfg.variants:
         runs = [run_one(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)]
         results["variants"][variant] = {"runs": runs}
