@@ -164,7 +164,7 @@ def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
     eager plan; the faster over the budget wins, and the decision carries its figures."""
     from gatedattn.reproduce import runner
 
-    base = ReproduceConfig.make(budget_minutes=10.0, preset="small", seeds=2)
+    base = ReproduceConfig.make(budget_minutes=10.0, preset="small", seeds=2, min_steps=100)
     eager = {"baseline": 1.0, "gated": 1.0}
     steps = runner._fit(base, eager, 2)  # 600 s * 0.8 / (2 s * 2 runs) = 120
     monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5), "gated": (20.0, 0.5)})
@@ -179,6 +179,11 @@ def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
         monkeypatch.setattr(runner, "time_compiled", None)
         cfg, n, _, decision = runner.choose_compile(base.replace(compile=mode), None, steps, eager)
         assert (cfg.train.compile, n, decision) == (on, 120, {"mode": mode, "compile": on})
+    # both plans under the min_steps floor: compared on what fits, the compiled run gets the floor
+    floor = base.replace(min_steps=500)
+    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5), "gated": (20.0, 0.5)})
+    cfg, n, _, decision = runner.choose_compile(floor, None, 500, eager)
+    assert (cfg.train.compile, n, decision["eager_steps"], decision["compiled_steps"]) == (True, 500, 120, 200)
     fixed = ReproduceConfig.make(steps=50)  # auto with fixed steps stays eager
     assert runner.choose_compile(fixed, None, 50, {})[0].train.compile is False
     with pytest.raises(ConfigError, match="compile='maybe' is not allowed"):

@@ -325,16 +325,17 @@ def choose_compile(cfg: TextConfig, data: TokenData, steps: int,
     overhead = sum(first for first, _ in timed.values()) * cfg.seeds  # one compile per run
     budget_s = cfg.budget_minutes * 60 * 0.8 - overhead
     compiled_steps = _round_steps(budget_s / (sum(compiled_s.values()) * cfg.seeds)) if budget_s > 0 else 0
-    chosen = compiled_steps > steps
-    decision = {"mode": "auto", "compile": chosen, "eager_steps": steps, "compiled_steps": compiled_steps,
+    eager_steps = _fit(cfg, step_s, cfg.seeds)  # what fits the budget, before the min_steps floor
+    chosen = compiled_steps > eager_steps
+    decision = {"mode": "auto", "compile": chosen, "eager_steps": eager_steps, "compiled_steps": compiled_steps,
                 "eager_step_s": step_s, "compiled_step_s": compiled_s,
                 "compile_s": {v: first for v, (first, _) in timed.items()}}
     _say(f"compiled steps {', '.join(f'{v} {t:.2f}s' for v, t in compiled_s.items())} after "
          f"{', '.join(f'{v} {f:.0f}s' for v, (f, _) in timed.items())} of compiling: {compiled_steps} steps fit, "
-         f"eager {steps}: {'compiling' if chosen else 'eager'}")
+         f"eager {eager_steps}: {'compiling' if chosen else 'eager'}")
     if not chosen:
         return _compiled(cfg, False), steps, step_s, decision
-    return _compiled(cfg, True), compiled_steps, compiled_s, decision
+    return _compiled(cfg, True), max(compiled_steps, cfg.min_steps), compiled_s, decision
 
 
 def _compiled(cfg: TextConfig, on: bool) -> TextConfig:
