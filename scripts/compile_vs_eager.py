@@ -9,31 +9,11 @@ budget. Prints a markdown table; run it on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 import torch
 
 from gatedattn.data import TokenData
 from gatedattn.precision import resolve_dtype
-from gatedattn.reproduce.runner import TextConfig, ensure_data
-from gatedattn.train.trainer import Trainer
-
-
-def measure(cfg: TextConfig, data: TokenData, variant: str, compile_: bool, steps: int) -> tuple[float, float]:
-    """(seconds of the first step, median seconds of the next ``steps``)."""
-    torch._dynamo.reset()
-    tcfg = cfg.train_config(variant, 0, steps=1_000_000).replace(compile=compile_, progress=False, tensorboard=False)
-    trainer = Trainer(tcfg, data)
-    started = time.perf_counter()
-    trainer.train_step()
-    first = time.perf_counter() - started
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        trainer.train_step()
-        times.append(time.perf_counter() - started)
-    return first, statistics.median(times)
+from gatedattn.reproduce.runner import TextConfig, ensure_data, time_first_steps
 
 
 def main() -> None:
@@ -54,8 +34,8 @@ def main() -> None:
     for preset in args.presets.split(","):
         cfg = TextConfig.make(preset=preset)
         for variant in args.variants.split(","):
-            _, eager = measure(cfg, data, variant, False, args.steps)
-            first, compiled = measure(cfg, data, variant, True, args.steps)
+            _, eager = time_first_steps(cfg, data, variant, compile=False, repeats=args.steps)
+            first, compiled = time_first_steps(cfg, data, variant, compile=True, repeats=args.steps)
             overhead = first - compiled
             saved = eager - compiled
             even = f"{overhead / saved:.0f}" if saved > 0 else "never"

@@ -347,19 +347,23 @@ def time_compiled(cfg: TextConfig, data: TokenData, repeats: int = 3) -> dict[st
     median seconds of ``repeats`` compiled steps after it)."""
     timed = {}
     for variant in cfg.variants:
-        torch._dynamo.reset()  # every variant compiles from scratch, as a run does
-        trainer = Trainer(cfg.train_config(variant, 0, steps=1_000_000).replace(compile=True), data)
-        started = time.perf_counter()
-        trainer.train_step()
-        first = time.perf_counter() - started
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            trainer.train_step()
-            times.append(time.perf_counter() - started)
-        step = statistics.median(times)
+        first, step = time_first_steps(cfg, data, variant, compile=True, repeats=repeats)
         timed[variant] = (max(first - step, 0.0), step)
     return timed
+
+
+def time_first_steps(cfg: TextConfig, data: TokenData, variant: str, *, compile: bool,
+                     repeats: int) -> tuple[float, float]:
+    """A fresh trainer of ``variant`` (compiled from scratch, as a run is, with ``compile``):
+    seconds of its first step, and the median of the ``repeats`` steps after it."""
+    torch._dynamo.reset()
+    trainer = Trainer(cfg.train_config(variant, 0, steps=1_000_000).replace(compile=compile), data)
+    times = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        trainer.train_step()
+        times.append(time.perf_counter() - started)
+    return times[0], statistics.median(times[1:])
 
 
 def fit_eager_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[str, float], list[str]]:
