@@ -59,6 +59,17 @@ def _setup_lines(meta: dict[str, Any], cfg: dict[str, Any], cmds: list[str]) -> 
     ]
 
 
+def _ranking_lines(results: dict[str, Any]) -> list[str]:
+    """The levers strongest sink first, and the ranking it replaces where one moved."""
+    lines = [f"Strongest sink first: {', '.join(f'`{n}`' for n in results.get('ranking', []))}.", ""]
+    before = results.get("ranking_before")
+    if before:
+        lines += [f"This ranking replaces the one the runs were first reported with "
+                  f"({', '.join(f'`{n}`' for n in before)}), whose uniform level counted one position too many "
+                  "after BOS.", ""]
+    return lines
+
+
 def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
     out = Path(out)
     rows, meta, cfg = results["levers"], results["meta"], results["config"]
@@ -89,11 +100,7 @@ def write_calibration_report(results: dict[str, Any], out: str | Path) -> Path:
         f"({uniform_first_token_attention(255):.4f} at T 256: 255 positions after BOS); the reproduction's F-Attn claims need 2× that, its Sink^ε claim a head whose mean "
         "attention on token 0 exceeds 0.3.",
         "",
-        f"Strongest sink first: {', '.join(f'`{n}`' for n in results.get('ranking', []))}.",
-        "",
-        *([f"This ranking replaces the one the runs were first reported with ({', '.join(f'`{n}`' for n in before)}), "
-           "whose uniform level counted one position too many after BOS.", ""]
-          if (before := results.get("ranking_before")) else []),
+        *_ranking_lines(results),
         *([f"The main job (`gatedattn reproduce`) trains with the recipe of `{results['main_default']}`.", ""]
           if results.get("main_default") else []),
     ]

@@ -330,12 +330,17 @@ def choose_compile(cfg: TextConfig, data: TokenData, steps: int,
     decision = {"mode": "auto", "compile": chosen, "eager_steps": eager_steps, "compiled_steps": compiled_steps,
                 "eager_step_s": step_s, "compiled_step_s": compiled_s,
                 "compile_s": {v: first for v, (first, _) in timed.items()}}
-    _say(f"compiled steps {', '.join(f'{v} {t:.2f}s' for v, t in compiled_s.items())} after "
-         f"{', '.join(f'{v} {f:.0f}s' for v, (f, _) in timed.items())} of compiling: {compiled_steps} steps fit, "
-         f"eager {eager_steps}: {'compiling' if chosen else 'eager'}")
+    _say_compile(decision)
     if not chosen:
         return _compiled(cfg, False), steps, step_s, decision
     return _compiled(cfg, True), max(compiled_steps, cfg.min_steps), compiled_s, decision
+
+
+def _say_compile(d: dict[str, Any]) -> None:
+    steps = ", ".join(f"{v} {t:.2f}s" for v, t in d["compiled_step_s"].items())
+    compiling = ", ".join(f"{v} {t:.0f}s" for v, t in d["compile_s"].items())
+    _say(f"compiled steps {steps} after {compiling} of compiling: {d['compiled_steps']} steps fit, eager "
+         f"{d['eager_steps']}: {'compiling' if d['compile'] else 'eager'}")
 
 
 def _compiled(cfg: TextConfig, on: bool) -> TextConfig:
