@@ -249,8 +249,13 @@ def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[st
 def apply_sets(cfg: Any, items: list[str] | tuple[str, ...], flags: dict[str, str] | None = None) -> Any:
     """``cfg`` (a config with ``to_dict``/``from_dict``) with ``KEY=VALUE`` items applied;
     keys in ``flags`` are refused (:func:`parse_sets`)."""
+    return _with_paths(cfg, parse_sets(type(cfg), items, flags))
+
+
+def _with_paths(cfg: Any, values: dict[tuple[str, ...], Any]) -> Any:
+    """``cfg`` with the value at each key path of ``values`` set, checked as a whole by ``from_dict``."""
     tree = cfg.to_dict()
-    for path, value in parse_sets(type(cfg), items, flags).items():
+    for path, value in values.items():
         tree = set_path(tree, path, value)
     return type(cfg).from_dict(tree)
 
@@ -270,7 +275,4 @@ def help_text(cls: type, width: int = 90) -> str:
 def with_values(cfg: Any, values: dict[str, Any]) -> Any:
     """``cfg`` (a config with ``to_dict``/``from_dict``) with each dotted key of ``values``
     (``"train.lr"``, ``"seeds"``) set to its value, checked as a whole by ``from_dict``."""
-    tree = cfg.to_dict()
-    for key, value in values.items():
-        tree = set_path(tree, tuple(key.split(".")), value)
-    return type(cfg).from_dict(tree)
+    return _with_paths(cfg, {tuple(key.split(".")): value for key, value in values.items()})

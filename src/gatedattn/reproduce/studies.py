@@ -153,8 +153,10 @@ def rewrite(study: Study, out: str | Path) -> Path:
     if not path.is_file():
         raise ConfigError(f"--report-only: {out} has no results.json (give the --out of a finished study)")
     results = read_json_object(path)
-    wrote = results.get("study")  # results.json written before results recorded their study: trust --study
-    if wrote is not None and wrote not in _SAME_REPORT.get(study.name, (study.name,)):
+    # results.json written before results recorded their study: trust --study; a study whose
+    # results the same report writer reads (main and text) is accepted
+    wrote = results.get("study")
+    if wrote is not None and (wrote not in STUDIES or STUDIES[wrote].report is not study.report):
         raise ConfigError(f"--report-only: {out} holds the results of --study {wrote}, not {study.name}; "
                           f"give --study {wrote}")
     try:
@@ -165,6 +167,3 @@ def rewrite(study: Study, out: str | Path) -> Path:
     atomic_write_json(path, json_safe(results))  # the claims as judged now
     return report
 
-
-# studies whose results one report writer reads (main runs without its first part write text results)
-_SAME_REPORT = {"main": ("main", "text"), "text": ("main", "text")}
