@@ -5,6 +5,7 @@ import torch
 
 from gatedattn.ops import attention_flash_lse, attention_reference, attention_sdpa
 from gatedattn.ops.reference import attention_probs_reference
+from gatedattn.variants import VARIANTS
 
 
 def qkv(B=2, H=4, Hkv=2, T=9, D=8, Dv=None, dtype=torch.float32):
@@ -242,3 +243,20 @@ def test_sink_layer_compiles_in_one_graph():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     for a, c in zip(g, g_ref):
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_variant_model_compiles_in_one_graph(name):
+    """A whole GatedLM of every variant traces without a graph break: a break (e.g. a
+    storage query inside the gate's autograd function) would leave each layer's gate to
+    eager and make ``compile=true`` slower than it should be."""
+    from gatedattn import GatedLM
+    from gatedattn.train.config import ModelRecipe
+
+    x = torch.randint(0, 64, (2, 12))
+    torch._dynamo.reset()
+    model = GatedLM(ModelRecipe(variant=name, size="micro").build(64, 32, 0))
+    ref = model(x)
+    out = torch.compile(model, backend="eager", fullgraph=True)(x)
+    out.float().square().mean().backward()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

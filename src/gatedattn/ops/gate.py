@@ -37,8 +37,12 @@ class _GatedLinear(torch.autograd.Function):
         with torch.autocast(y.device.type, enabled=False):
             gated = y * _scores(logits.to(dtype), head_logits)
             out = F.linear(gated.flatten(-2), w, None if bias is None else bias.to(dtype))
-        if logits.untyped_storage().nbytes() > logits.numel() * logits.element_size():
-            logits = logits.clone()  # a slice of a packed projection: keep only the slice alive
+        # A slice of a packed projection: keep only the slice alive. Under torch.compile the
+        # graph's partitioner chooses what backward keeps, and the storage query would break
+        # the graph (dynamo cannot trace it), leaving every gate to eager.
+        if not torch.compiler.is_compiling() and \
+                logits.untyped_storage().nbytes() > logits.numel() * logits.element_size():
+            logits = logits.clone()
         ctx.save_for_backward(y, logits, w, head_logits)
         ctx.has_bias = bias is not None
         ctx.dtypes = (y_BTHD.dtype, logits.dtype, weight.dtype, None if head_logits is None else head_logits.dtype)
