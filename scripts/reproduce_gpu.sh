@@ -20,7 +20,7 @@ if [ "${1:-}" = "--quick" ]; then
     SIZE=(--quick --preset tiny)
     OUT=${OUT:-runs/reproduction-gpu-quick}
 else
-    SIZE=(--preset base --seq-len 512 --batch-size 64 --budget-minutes "${MINUTES:-8}" --set train.compile=true)
+    SIZE=(--preset base --seq-len 512 --batch-size 64 --budget-minutes "${MINUTES:-8}" --set compile=on)
     OUT=${OUT:-docs/reproduction-gpu}
 fi
 exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --variants baseline,gated --no-mechanism --set "train.device=$DEVICE" --out "$OUT" "$@"

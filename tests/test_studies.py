@@ -203,6 +203,33 @@ def test_gpu_scale_up_script_runs_its_pipeline_on_cpu(tmp_path, data_dir):
     assert results["config"]["train"]["device"] == "cpu" and results["config"]["steps"] == 6
 
 
+def test_gpu_scale_up_script_default_arguments_make_a_valid_config(tmp_path):
+    """The script's full run (not its --quick one) has never had a GPU to run on here: its
+    argument line, caught by a stand-in for Python, must still build the study's config."""
+    import os
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from gatedattn.cli import build_parser
+    from gatedattn.reproduce.cli import _check_flags, study_config
+    from gatedattn.reproduce.studies import STUDIES
+
+    root = Path(__file__).resolve().parents[1]
+    args_file = tmp_path / "args"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" > {shlex.quote(str(args_file))}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path / "gpu")}
+    subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh")], env=env, check=True, timeout=60)
+    argv = shlex.split(args_file.read_text())
+    assert argv[:2] == ["-m", "gatedattn.cli"]
+    args = build_parser("reproduce").parse_args(argv[2:])
+    _check_flags(STUDIES["main"], args)
+    cfg = study_config(STUDIES["main"], args)
+    assert (cfg.compile, cfg.train.model.size, cfg.train.device, cfg.mechanism) == ("on", "base", "cuda", None)
+
+
 def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
     from gatedattn.reproduce.calibration import CalibrationConfig
 
