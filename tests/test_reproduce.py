@@ -11,8 +11,7 @@ from gatedattn.train.config import ModelRecipe
 
 
 @pytest.mark.slow
-def test_reproduce_quick_writes_report_plots_and_json(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, capsys):
     out = tmp_path / "report"
     assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
@@ -140,8 +139,7 @@ def test_cli_bad_variant_is_one_line(capsys):
 
 
 @pytest.mark.slow
-def test_lr_study_records_divergence(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+def test_lr_study_records_divergence(tmp_path, default_cache, capsys):
     out = tmp_path / "lr"
     # 3.0 is far past stability for AdamW: at least one run must diverge and be reported
     assert main(["reproduce", "--quick", "--study", "lr", "--lrs", "1e-3,3.0", "--steps", "20", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
@@ -170,21 +168,21 @@ def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
     monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5), "gated": (20.0, 0.5)})
     cfg, n, step_s, decision = runner.choose_compile(base, None, steps, eager)
     # (480 s - 2 runs x 40 s of compiling) / (1 s x 2 runs) = 200 steps > 120
-    assert (cfg.train.compile, n, decision["compiled_steps"], decision["eager_steps"]) == (True, 200, 200, 120)
-    assert step_s == {"baseline": 0.5, "gated": 0.5} and cfg.train_config("gated", 0, steps=10).compile
+    assert (cfg.train.compile, n, decision["compiled_steps"], decision["eager_steps"]) == ("on", 200, 200, 120)
+    assert step_s == {"baseline": 0.5, "gated": 0.5} and cfg.train_config("gated", 0, steps=10).compile == "on"
     monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (200.0, 0.9), "gated": (200.0, 0.9)})
     cfg, n, step_s, decision = runner.choose_compile(base, None, steps, eager)
-    assert (cfg.train.compile, n, step_s, decision["compile"]) == (False, 120, eager, False)  # compiling costs more
+    assert (cfg.train.compile, n, step_s, decision["compile"]) == ("off", 120, eager, False)  # compiling costs more
     for mode, on in (("on", True), ("off", False)):  # as asked, nothing timed
         monkeypatch.setattr(runner, "time_compiled", None)
         cfg, n, _, decision = runner.choose_compile(base.replace(compile=mode), None, steps, eager)
-        assert (cfg.train.compile, n, decision) == (on, 120, {"mode": mode, "compile": on})
+        assert (cfg.train.compile, n, decision) == (mode, 120, {"mode": mode, "compile": on})
     # both plans under the min_steps floor: compared on what fits, the compiled run gets the floor
     floor = base.replace(min_steps=500)
     monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5), "gated": (20.0, 0.5)})
     cfg, n, _, decision = runner.choose_compile(floor, None, 500, eager)
-    assert (cfg.train.compile, n, decision["eager_steps"], decision["compiled_steps"]) == (True, 500, 120, 200)
+    assert (cfg.train.compile, n, decision["eager_steps"], decision["compiled_steps"]) == ("on", 500, 120, 200)
     fixed = ReproduceConfig.make(steps=50)  # auto with fixed steps stays eager
-    assert runner.choose_compile(fixed, None, 50, {})[0].train.compile is False
+    assert runner.choose_compile(fixed, None, 50, {})[0].train.compile == "off"
     with pytest.raises(ConfigError, match="compile='maybe' is not allowed"):
         ReproduceConfig.make(compile="maybe")

@@ -37,7 +37,7 @@ TRAIN_VALUES = {
     "max_tokens": ("1000", 1000), "lr": ("2e-3", 2e-3), "min_lr_ratio": ("0.5", 0.5), "warmup_steps": ("3", 3),
     "schedule": ("linear", "linear"), "weight_decay": ("0.01", 0.01), "betas": ("0.8,0.9", (0.8, 0.9)),
     "eps": ("1e-6", 1e-6), "grad_clip": ("0.5", 0.5), "optimizer": ("muon", "muon"),
-    "muon_momentum": ("0.9", 0.9), "dtype": ("bf16", "bf16"), "compile": ("true", True), "device": ("cpu", "cpu"),
+    "muon_momentum": ("0.9", 0.9), "dtype": ("bf16", "bf16"), "compile": ("on", "on"), "device": ("cpu", "cpu"),
     "seed": ("5", 5), "eval_every": ("9", 9), "eval_batches": ("2", 2), "ckpt_every": ("11", 11),
     "keep_checkpoints": ("5", 5), "log_every": ("4", 4), "skip_nonfinite": ("true", True),
     "spike_margin": ("0.3", 0.3), "spike_window": ("20", 20), "diverge_factor": ("3", 3.0),

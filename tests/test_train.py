@@ -100,7 +100,8 @@ def test_train_config_validation_names_field(tmp_path):
         (dict(seed=2**64), r"seed=18446744073709551616 must be < 9223372036854775808"),
         (dict(spike_window=10**20), r"spike_window=\d+ must be <= 1000000"),
         (dict(lr=float("nan")), r"lr=nan must be a finite number"),
-        (dict(compile="yes"), r"compile='yes' must be true or false"),
+        (dict(skip_nonfinite="yes"), r"skip_nonfinite='yes' must be true or false"),
+        (dict(compile="yes"), r"compile='yes' is not allowed; choose one of 'auto', 'on', 'off'"),
         (dict(optimizer="muon", fsdp=True), r"muon.*fsdp"),
         (dict(model_overrides={"gate.colour": "red"}), r"unknown --set key 'gate.colour'"),
         (dict(data_dir=""), r"data_dir"),
@@ -113,11 +114,11 @@ def test_train_config_validation_names_field(tmp_path):
 
 
 def test_set_keys_parse_by_type_and_reach_the_model():
-    parsed = parse_sets(["lr=3e-3", "steps=1e3", "betas=0.8,0.9", "compile=false", "max_tokens=none",
+    parsed = parse_sets(["lr=3e-3", "steps=1e3", "betas=0.8,0.9", "skip_nonfinite=false", "max_tokens=none",
                          "gate.activation=silu", "model.n_layers=3", "rope.theta=5e5", "attention.sink=yes"])
     fields = {k: v for k, v in parsed.items() if not k.startswith("model.")}
     model = {k: v for k, v in parsed.items() if k.startswith("model.")}
-    assert fields == {"lr": 3e-3, "steps": 1000, "betas": (0.8, 0.9), "compile": False, "max_tokens": None}
+    assert fields == {"lr": 3e-3, "steps": 1000, "betas": (0.8, 0.9), "skip_nonfinite": False, "max_tokens": None}
     cfg = TrainConfig.from_sets({"data_dir": "d", "out_dir": "o", "variant": "gated", "preset": "micro"},
                                 [f"{k}={v}" for k, v in [("gate.activation", "silu"), ("model.n_layers", "3"),
                                                           ("rope.theta", "5e5"), ("attention.sink", "yes")]])
@@ -128,7 +129,7 @@ def test_set_keys_parse_by_type_and_reach_the_model():
     assert "lr" in settable_keys() and "model.gate.activation" in settable_keys() and "model_overrides" not in settable_keys()
     for bad, match in [("lrr=1", r"unknown --set key 'lrr' \(did you mean 'lr'\?\); valid keys: data_dir"),
                        ("lr=abc", "expected a number"), ("steps=1.5", "expected an integer"),
-                       ("compile=maybe", "expected true or false"), ("lr", "expected KEY=VALUE"),
+                       ("skip_nonfinite=maybe", "expected true or false"), ("lr", "expected KEY=VALUE"),
                        ("model.n_heads=4", "unknown --set key 'model.n_heads'")]:
         with pytest.raises(ConfigError, match=match):
             parse_sets([bad])

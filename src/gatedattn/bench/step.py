@@ -45,5 +45,6 @@ def step_trainer(model: nn.Module, batch: torch.Tensor, vocab_size: int, precisi
     """A trainer of ``model`` (already on ``device``) whose every ``train_step`` reads ``batch``."""
     cfg = TrainConfig(seq_len=batch.shape[1] - 1, micro_batch=batch.shape[0], steps=1_000_000_000,
                       warmup_steps=10, dtype=precision.dtype, device=device.type, eval_every=0,
-                      ckpt_every=0, progress=False, tensorboard=False)
+                      ckpt_every=0, progress=False, tensorboard=False,
+                      compile="off")  # bench compiles the model itself (--compile)
     return Trainer(cfg, _OneBatch(batch.to(device), vocab_size), model=model)

@@ -176,7 +176,7 @@ def train_config(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: s
         warmup_steps=cfg.warmup, schedule=cfg.schedule, betas=(0.9, cfg.beta2),
         weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, dtype="fp32", seed=seed,
         eval_every=max(cfg.steps // cfg.evals, 1), eval_batches=2, ckpt_every=0, log_every=50,
-        progress=False, tensorboard=False,
+        progress=False, tensorboard=False, compile="off",  # tiny models; the same on every machine
     )
 
 

@@ -58,9 +58,10 @@ def _base_train() -> TrainConfig:
     `small` model without q/k RMSNorm at LR 1e-2, the recipe under which the sink
     calibration (docs/sink-calibration) saw the baseline's first-token sink form within the
     time one run of the default job gets on a 2-core CPU (with q/k norm, or at LR 1e-3, 3e-3
-    or 3e-2, it did not)."""
+    or 3e-2, it did not). Its runs are eager unless the study's own ``compile`` decides
+    otherwise (``choose_compile``)."""
     return TrainConfig(model=ModelRecipe(size="small", variant="gated", attention={"qk_norm": False}), seq_len=256,
-                       micro_batch=16, lr=1e-2, warmup_steps=50, eval_batches=4)
+                       micro_batch=16, lr=1e-2, warmup_steps=50, eval_batches=4, compile="off")
 
 
 # TrainConfig fields that the reproduction sets for each run itself (the base recipe's

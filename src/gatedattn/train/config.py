@@ -32,6 +32,7 @@ from gatedattn.variants import VARIANTS
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+COMPILE_MODES = ("auto", "on", "off")
 OVERRIDE_GROUPS = {"lm": ModelConfig, "attention": AttentionConfig, "gate": GateConfig, "rope": RopeConfig}
 
 # Fields that may change between an interrupted run and its resumption (how long to
@@ -170,7 +171,9 @@ class TrainConfig:
     muon_momentum: float = option(0.95, ge=0, lt=1, help="Muon momentum")
     dtype: str = option("auto", choices=DTYPES, help="auto (bf16 autocast where the device computes bf16 natively, else "
                                      "fp32), fp32 or bf16")
-    compile: bool = option(False, help="torch.compile the model")
+    compile: str = option("auto", choices=COMPILE_MODES, help="torch.compile the model: on, off, or auto (a run "
+                          "whose steps left take 5 minutes or more eagerly times its first steps eager and compiled "
+                          "and keeps the faster; shorter runs stay eager); true/false read as on/off")
     activation_checkpointing: int = option(0, ge=0, help="recompute the activations of every Nth block in "
                                            "backward instead of keeping them (1: every block; N: blocks 0, N, "
                                            "2N, ...; 0: off): less memory, same gradients, about one more forward")
@@ -206,6 +209,9 @@ class TrainConfig:
             recipe = _recipe_dict(self.model, variant, preset, model_overrides)
             object.__setattr__(self, "model", ModelRecipe.from_dict(recipe))
         self._check_paths()
+        # the boolean form before "auto" (compile=True, --set train.compile=true, older runs' config.json)
+        if isinstance(self.compile, bool) or self.compile in ("true", "false"):
+            object.__setattr__(self, "compile", "on" if self.compile in (True, "true") else "off")
         if not isinstance(self.model, ModelRecipe):
             raise ConfigError(f"TrainConfig.model must be a ModelRecipe, got {type(self.model).__name__}")
         check_types(self)

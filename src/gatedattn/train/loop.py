@@ -31,6 +31,7 @@ from gatedattn.precision import resolve_dtype
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
 from gatedattn.train import rundir
+from gatedattn.train.compile_auto import CompileProbe
 from gatedattn.train.config import TrainConfig
 from gatedattn.train.metrics import MetricsLog, SpeedMeter
 from gatedattn.train.trainer import EvalHook, StepStats, Trainer, ppl
@@ -228,10 +229,32 @@ def _fit(trainer: Trainer) -> "_StopSignals":
     if trainer.env.is_main:  # model FLOP/s and MFU beside tokens/s
         speed = SpeedMeter.measure(trainer.model_cfg, cfg.seq_len, trainer.precision.dtype, trainer.env.device,
                                    trainer.env.world_size, warn=trainer.say)
+    probe = _start_compile(trainer)
     with _StopSignals() as stop:
-        _fit_steps(trainer, bar, window, stop, speed)
+        _fit_steps(trainer, bar, window, stop, speed, probe)
     bar.close()
     return stop
+
+
+def _start_compile(trainer: Trainer) -> CompileProbe | None:
+    """``compile`` on or off as asked, or auto's probe (train/compile_auto.py); the mode
+    goes to env.json and metrics.jsonl."""
+    mode, step = trainer.cfg.compile, trainer.state.step
+    if mode != "auto":
+        _record_compile(trainer, {"mode": mode, "compile": mode == "on", "step": step})
+        return None
+    probe = CompileProbe(trainer)
+    _record_compile(trainer, probe.decision or {"mode": "auto", "compile": None, "step": step,
+                                                "reason": "to be decided on the run's first steps"})
+    return probe
+
+
+def _record_compile(trainer: Trainer, decision: dict[str, Any]) -> None:
+    """``compile`` auto's decision (train/compile_auto.py) into env.json and metrics.jsonl."""
+    if trainer.env.is_main and trainer.out is not None:
+        rundir.record_env(trainer.out, "compile", decision)
+    if decision["compile"] is not None:
+        trainer._log({"kind": "compile", **decision})
 
 
 class _StopSignals:
@@ -265,10 +288,12 @@ class _StopSignals:
 
 
 def _fit_steps(trainer: Trainer, bar, window: "_Throughput", stop: _StopSignals,
-               speed: SpeedMeter | None = None) -> None:
+               speed: SpeedMeter | None = None, probe: CompileProbe | None = None) -> None:
     cfg, st = trainer.cfg, trainer.state
     while st.step < trainer.end:
         stats = trainer.train_step()
+        if probe is not None and (decision := probe.after_step(stats.seconds)) is not None:
+            _record_compile(trainer, decision)
         tps = window.add(trainer.tokens_per_step, stats.seconds)
         if _due(stats.step, cfg.log_every, trainer.end) or stats.step == 1 or stats.diverged:
             _log_step(trainer, stats, tps, speed)

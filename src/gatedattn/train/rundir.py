@@ -207,3 +207,10 @@ def write_run_files(out: Path, identity: dict[str, Any], device: torch.device, w
     if precision is not None:
         env["precision"] = precision  # the dtype 'auto' resolved to, and why
     atomic_write_json(out / ENV, env)
+
+
+def record_env(out: Path, key: str, value: Any) -> None:
+    """Set ``key`` in the run's env.json (a decision taken during the run, e.g. ``compile``)."""
+    env = read_json_object(out / ENV)
+    env[key] = value
+    atomic_write_json(out / ENV, env)

@@ -143,8 +143,9 @@ class Trainer:
             self.model.load_state_dict(resume[0], strict=False)  # tied lm_head shares embed
         self.model.to(self.env.device)
         self._checkpoint_activations(cfg.activation_checkpointing)
-        if cfg.compile:
-            self.model.compile()
+        self.compiled = False
+        if cfg.compile == "on":  # "auto" is decided by the training loop (train/compile_auto.py)
+            self.set_compiled(True)
         self.wrapped = D.wrap(self.model, self.env, cfg.fsdp)
         self.opt = build_optimizer(D.unwrap(self.wrapped), cfg)
         self.params = [p for p in self.wrapped.parameters() if p.requires_grad]  # (FSDP: the sharded ones)
@@ -153,6 +154,15 @@ class Trainer:
             ckpt_mod.set_rng_state(resume[1]["rng"])
         self.spikes = SpikeTracker(cfg.spike_window, cfg.spike_margin, self.state.losses[-cfg.spike_window:])
         self._elapsed_before, self._t_start = self.state.elapsed_s, time.perf_counter()
+
+    def set_compiled(self, on: bool) -> None:
+        """torch.compile the model in place (``nn.Module.compile``: the wrapper, the state
+        dict and the parameters stay the same objects), or go back to running it eagerly."""
+        if on and not self.compiled:
+            self.model.compile()
+        elif not on and self.compiled:
+            self.model._compiled_call_impl = None  # what nn.Module.compile set; eager __call__ again
+        self.compiled = on
 
     def _checkpoint_activations(self, every: int) -> None:
         """``TrainConfig.activation_checkpointing``: blocks 0, every, 2*every, ... recompute
