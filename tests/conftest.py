@@ -27,3 +27,34 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def default_corpus_dir(tmp_path_factory):
+    """The bundled default corpus prepared once for the whole run, as ``gatedattn reproduce``
+    prepares it (``reproduce.runner.ensure_data``). Under pytest-xdist the workers share one
+    copy: the first to take the lock prepares it, the others wait and reuse it."""
+    import fcntl
+
+    from gatedattn.data import prepare
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the directory every worker's base directory lies in
+    path = root / "default-corpus" / "default-data-v1"
+    with open(root / "default-corpus.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (path / "manifest.json").is_file():
+            prepare(None, path, default_corpus=True, progress=False)
+    return path
+
+
+@pytest.fixture
+def default_cache(default_corpus_dir, tmp_path, monkeypatch):
+    """``GATEDATTN_CACHE`` for one test: a directory of its own holding a copy of the
+    prepared default corpus, so that the test neither prepares it again nor touches the
+    shared one."""
+    cache = tmp_path / "cache"
+    shutil.copytree(default_corpus_dir, cache / default_corpus_dir.name)
+    monkeypatch.setenv("GATEDATTN_CACHE", str(cache))
+    return cache
