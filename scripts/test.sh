@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed, then runs the whole test suite (slow end-to-end tests included),
-# one pytest-xdist worker per core (one torch thread each: tests/conftest.py).
+# one pytest-xdist worker per core (one torch thread each: tests/conftest.py), the slow
+# tests first and the rest shared out by work stealing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m pytest -q -n auto "$@"
+python -m pytest -q -n auto --dist worksteal "$@"

@@ -24,6 +24,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items):
+    """The slow end-to-end tests first (a stable sort: the same order on every worker), so
+    that under ``--dist worksteal`` they start at once and the short tests fill the gaps,
+    instead of a long test starting last and running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -22,6 +22,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # a fresh interpreter each
 @pytest.mark.parametrize("first", ["import gatedattn", "import transformers; import gatedattn",
                                    "import gatedattn.hf.auto", "import gatedattn.hf.configuration"])
 def test_auto_classes_after_plain_import(tmp_path, first):

@@ -57,6 +57,7 @@ MODELS = {
 CASES = [pytest.param(name, marks=() if name == "gated" else pytest.mark.slow) for name in MODELS]
 
 
+@pytest.mark.slow  # a fresh interpreter each
 @pytest.mark.parametrize("name", CASES)
 def test_self_contained_checkpoint_loads_without_gatedattn(tmp_path, name):
     torch.manual_seed(0)

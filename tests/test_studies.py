@@ -111,6 +111,7 @@ def test_wiki_only_lever_prepares_wikipedia_alone(tmp_path, data_dir):
     assert TokenData(path).train_tokens > 0 and TokenData(path).vocab_size <= TokenData(data_dir).vocab_size  # at most the shared vocabulary
 
 
+@pytest.mark.slow
 def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
     base = dict(preset="micro", steps=4, evals=1, analysis_sequences=4, data_dir=data_dir, progress=False)
     reproduce(RankConfig.quick(ranks=(4, 8), out_dir=str(tmp_path / "rank"), **base))
@@ -245,6 +246,7 @@ def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
         (main.lr, main.model.size, main.model.attention, main.weight_decay, main.seq_len, main.micro_batch)
 
 
+@pytest.mark.slow
 def test_a_second_call_reuses_finished_runs_and_their_analysis(tmp_path, data_dir, monkeypatch):
     from gatedattn.reproduce import runner
 

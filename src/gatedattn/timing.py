@@ -132,7 +132,9 @@ def median_times(workloads: Mapping[str, Callable[[], object]], *, repeats: int,
 
 
 def _sample(fn: Callable[[], object], calls: int, sync: Callable[[], None], clock: Callable[[], float]) -> float:
-    gc.collect()
+    # the young generations hold what the workload left; a full collection would walk the
+    # whole heap (slow in a big process) for garbage that is not the workload's
+    gc.collect(1)
     enabled = gc.isenabled()
     gc.disable()
     try:
