@@ -348,3 +348,29 @@ def test_quick_bench_json_schema_and_ratios(tmp_path, capsys, monkeypatch):
 
 def _shape(s):
     return Shape(**{k: v for k, v in s["shape"].items() if k != "decode_prompt"})
+
+
+@pytest.mark.slow
+def test_quick_bench_with_compile_times_the_compiled_workloads(tmp_path, capsys, monkeypatch):
+    """``--compile``: every layer and training workload runs through torch.compile (here
+    dynamo with the eager backend: the plumbing, not inductor's kernels) and the header says
+    so. (That every variant's model traces in one graph: tests/test_ops.py.)"""
+    import torch._dynamo
+    from gatedattn.bench import workloads
+
+    compiled, real_compile = [], torch.compile
+
+    def fake_compile(fn, **kw):
+        compiled.append(fn)
+        return real_compile(fn, **{**kw, "backend": "eager"})
+
+    monkeypatch.setattr(workloads.torch, "compile", fake_compile)
+    monkeypatch.setenv("GATEDATTN_PEAK_CACHE", str(tmp_path / "peak_flops.json"))
+    torch._dynamo.reset()
+    code = cli.main(["bench", "--quick", "--json", "--device", "cpu", "--dtype", "fp32", "--compile",
+                     "--variants", "gated", "--out", str(tmp_path / "bench.json")])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["header"]["compile"] is True and len(compiled) >= 8
+    for s in res["shapes"].values():
+        assert s["train"]["gated"]["median_s"] > 0 and s["layer"]["gated"]["time_ratio"] > 0
