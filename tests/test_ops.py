@@ -255,7 +255,7 @@ def test_every_variant_model_compiles_in_one_graph(name):
 
     x = torch.randint(0, 64, (2, 12))
     torch._dynamo.reset()
-    model = GatedLM(ModelRecipe(variant=name, size="micro").build(64, 32, 0))
+    model = GatedLM(ModelRecipe(variant=name, size="micro", lm={"n_layers": 1}).build(64, 32, 0))
     ref = model(x)
     out = torch.compile(model, backend="eager", fullgraph=True)(x)
     out.float().square().mean().backward()
