@@ -4,10 +4,11 @@ The run starts eager. After one warm-up step and ``PROBE_STEPS`` timed ones it k
 eager seconds per step. If the steps left would take less than ``MIN_RUN_S`` eagerly, a
 compile (10-60 s on a CPU, and a saving of 0-25 % a step where it saves anything: see the
 README's compile figures) cannot pay for itself, and the run stays eager. Otherwise the model
-is compiled in place: the first compiled step's time beyond a compiled step is the compile,
-the median of the next ``PROBE_STEPS`` steps the compiled step. The run keeps the compiled
-model when those steps are faster than the eager ones (the compile is paid by then either
-way), and goes back to eager when they are not. Every step of the probe is a step of the
+is compiled in place, and its first compiled step's time beyond a compiled step is the
+compile. Then the run alternates compiled and eager steps, ``PROBE_STEPS`` of each (switching
+costs nothing once both exist), so that a burst of load on the machine falls on both modes
+alike, and keeps the compiled model when the median compiled step is faster than the median
+eager one (the compile is paid by then either way). Every step of the probe is a step of the
 run; nothing is trained twice.
 
 Under torchrun every rank times its steps, and rank 0's decision is every rank's. The
@@ -22,37 +23,37 @@ from typing import Any
 
 from gatedattn.train import distributed as D
 
-PROBE_STEPS = 3  # timed steps of each mode (after one untimed eager step)
+PROBE_STEPS = 4  # timed steps of each mode (after an untimed eager one and the compiling one)
 MIN_RUN_S = 300.0  # eager seconds the rest of a run must take before a compile is tried
 
 
 class CompileProbe:
-    """Fed every step's seconds by the training loop; compiles, keeps or drops the compiled
-    model on the schedule above. ``decision`` is set once the run's mode is settled."""
+    """Fed every step's seconds by the training loop; compiles, alternates, and keeps or
+    drops the compiled model on the schedule above. ``decision`` is set once the run's mode
+    is settled."""
 
     def __init__(self, trainer: Any, *, probe_steps: int | None = None, min_run_s: float | None = None) -> None:
         self.trainer = trainer
         self.probe_steps = PROBE_STEPS if probe_steps is None else probe_steps
         self.min_run_s = MIN_RUN_S if min_run_s is None else min_run_s
-        self.eager: list[float] = []
-        self.compiled: list[float] = []
+        self.eager: list[float] = []  # the first one is the warm-up
+        self.compiled: list[float] = []  # the first one holds the compile
         self.decision: dict[str, Any] | None = None
         left = trainer.end - trainer.state.step
-        if left <= 2 * self.probe_steps + 2:
+        if left <= 3 * self.probe_steps + 2:
             self._settle(False, f"{left} steps to train: too few to time both modes")
 
     def after_step(self, seconds: float) -> dict[str, Any] | None:
         """Take one step's seconds; return the decision at the step that settles it, else None."""
         if self.decision is not None:
             return None
-        if self.trainer.compiled:
-            self.compiled.append(seconds)
-            if len(self.compiled) == self.probe_steps + 1:
-                return self._compare()
-        else:
+        if not self.compiled and not self.trainer.compiled:  # the eager steps before trying
             self.eager.append(seconds)
-            if len(self.eager) == self.probe_steps + 1:
-                return self._try_compile()
+            return self._try_compile() if len(self.eager) == self.probe_steps + 1 else None
+        (self.compiled if self.trainer.compiled else self.eager).append(seconds)
+        if len(self.compiled) == self.probe_steps + 1 and len(self.eager) == 2 * self.probe_steps + 1:
+            return self._compare()
+        self.trainer.set_compiled(not self.trainer.compiled)  # alternate
         return None
 
     # ------------------------------------------------------------------ the two decisions
@@ -74,11 +75,10 @@ class CompileProbe:
         compile_s = max(self.compiled[0] - compiled_s, 0.0)
         left = self.trainer.end - self.trainer.state.step
         keep = D.broadcast_object(compiled_s < eager_s, self.trainer.env)
-        if not keep:
-            self.trainer.set_compiled(False)
-        verdict = (f"compiled steps {compiled_s:.3f} s vs eager {eager_s:.3f} s (compiling took {compile_s:.0f} s): "
-                   f"{'saves' if keep else 'would cost'} {abs(eager_s - compiled_s) * left:.0f} s over the "
-                   f"{left} steps left")
+        self.trainer.set_compiled(keep)
+        verdict = (f"compiled steps {compiled_s:.3f} s vs eager {eager_s:.3f} s, alternated (compiling took "
+                   f"{compile_s:.0f} s): {'saves' if keep else 'would cost'} {abs(eager_s - compiled_s) * left:.0f} s "
+                   f"over the {left} steps left")
         return self._settle(keep, verdict, eager_step_s=eager_s, compiled_step_s=compiled_s, compile_s=compile_s)
 
     def _settle(self, compiled: bool, reason: str, **figures: float) -> dict[str, Any]:
