@@ -1,9 +1,11 @@
 """Compiled vs eager training steps of the main job's models on this machine: what
 torch.compile costs up front, what it saves per step, and which fits more steps into a
-budget. Prints a markdown table; run it on an otherwise idle machine.
+budget. The compiled and eager steps of a preset's variants are timed together in
+interleaved rounds (the planner's own ``time_compiled``). Prints a markdown table; run it on
+an otherwise idle machine.
 
     .venv/bin/python scripts/compile_vs_eager.py [--presets tiny,small] [--variants baseline,gated]
-                                                 [--steps 20] [--budget-minutes 20]
+                                                 [--steps 10] [--budget-minutes 20]
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import torch
 
 from gatedattn.data import TokenData
 from gatedattn.precision import resolve_dtype
-from gatedattn.reproduce.runner import TextConfig, ensure_data, time_first_steps
+from gatedattn.reproduce.runner import TextConfig, ensure_data, time_compiled
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", default="tiny,small")
     p.add_argument("--variants", default="baseline,gated")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=10, help="interleaved rounds (each times every step once)")
     p.add_argument("--budget-minutes", type=float, default=20.0)
     args = p.parse_args()
     base = TextConfig()
@@ -32,11 +34,8 @@ def main() -> None:
           f"steps in {args.budget_minutes:g} min: eager / compiled |")
     print("|---|---|---:|---:|---:|---:|---|")
     for preset in args.presets.split(","):
-        cfg = TextConfig.make(preset=preset)
-        for variant in args.variants.split(","):
-            _, eager = time_first_steps(cfg, data, variant, compile=False, repeats=args.steps)
-            first, compiled = time_first_steps(cfg, data, variant, compile=True, repeats=args.steps)
-            overhead = first - compiled
+        cfg = TextConfig.make(preset=preset, variants=tuple(args.variants.split(",")))
+        for variant, (overhead, compiled, eager) in time_compiled(cfg, data, repeats=args.steps).items():
             saved = eager - compiled
             even = f"{overhead / saved:.0f}" if saved > 0 else "never"
             print(f"| {preset} | {variant} | {eager:.3f} | {compiled:.3f} | {overhead:.1f} | {even} | "

@@ -157,6 +157,33 @@ def test_lr_study_records_divergence(tmp_path, default_cache, capsys):
     assert "holds the results of --study lr, not main" in capsys.readouterr().err
 
 
+def test_time_compiled_times_both_modes_of_every_variant_in_the_same_rounds(tmp_path, monkeypatch):
+    from gatedattn import GatedLM
+    from gatedattn.data import TokenData, prepare
+    from gatedattn.reproduce import runner
+    from torch import nn
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(6):
+        (docs / f"{i}.txt").write_text(f"Document {i}. " + "The cat sat on the mat. " * 80)
+    prepare([docs], tmp_path / "data", vocab_size=300, progress=False)
+    monkeypatch.setattr(GatedLM, "compile", lambda self: nn.Module.compile(self, backend="eager"))  # dynamo alone
+    rounds = []
+
+    def median_times(workloads, *, repeats, warmup=1):
+        rounds.append(sorted(workloads))
+        return {name: 0.25 if name.startswith("compiled") else 0.5 for name in workloads}
+
+    monkeypatch.setattr(runner, "median_times", median_times)
+    cfg = ReproduceConfig.quick(preset="micro", seq_len=32, micro_batch=2)
+    timed = runner.time_compiled(cfg, TokenData(tmp_path / "data"))
+    assert rounds == [["compiled baseline", "compiled gated", "eager baseline", "eager gated"]]
+    assert set(timed) == {"baseline", "gated"}
+    for compile_s, compiled_s, eager_s in timed.values():
+        assert (compiled_s, eager_s) == (0.25, 0.5) and compile_s >= 0
+
+
 def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
     """auto with a budget: compiled steps (their compile time paid once per run) against the
     eager plan; the faster over the budget wins, and the decision carries its figures."""
@@ -165,12 +192,12 @@ def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
     base = ReproduceConfig.make(budget_minutes=10.0, preset="small", seeds=2, min_steps=100)
     eager = {"baseline": 1.0, "gated": 1.0}
     steps = runner._fit(base, eager, 2)  # 600 s * 0.8 / (2 s * 2 runs) = 120
-    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5), "gated": (20.0, 0.5)})
+    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5, 1.0), "gated": (20.0, 0.5, 1.0)})
     cfg, n, step_s, decision = runner.choose_compile(base, None, steps, eager)
     # (480 s - 2 runs x 40 s of compiling) / (1 s x 2 runs) = 200 steps > 120
     assert (cfg.train.compile, n, decision["compiled_steps"], decision["eager_steps"]) == ("on", 200, 200, 120)
     assert step_s == {"baseline": 0.5, "gated": 0.5} and cfg.train_config("gated", 0, steps=10).compile == "on"
-    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (200.0, 0.9), "gated": (200.0, 0.9)})
+    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (200.0, 0.9, 1.0), "gated": (200.0, 0.9, 1.0)})
     cfg, n, step_s, decision = runner.choose_compile(base, None, steps, eager)
     assert (cfg.train.compile, n, step_s, decision["compile"]) == ("off", 120, eager, False)  # compiling costs more
     for mode, on in (("on", True), ("off", False)):  # as asked, nothing timed
@@ -179,7 +206,7 @@ def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
         assert (cfg.train.compile, n, decision) == (mode, 120, {"mode": mode, "compile": on})
     # both plans under the min_steps floor: compared on what fits, the compiled run gets the floor
     floor = base.replace(min_steps=500)
-    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5), "gated": (20.0, 0.5)})
+    monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5, 1.0), "gated": (20.0, 0.5, 1.0)})
     cfg, n, _, decision = runner.choose_compile(floor, None, 500, eager)
     assert (cfg.train.compile, n, decision["eager_steps"], decision["compiled_steps"]) == ("on", 500, 120, 200)
     fixed = ReproduceConfig.make(steps=50)  # auto with fixed steps stays eager

@@ -314,23 +314,25 @@ def fit_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[st
 def choose_compile(cfg: TextConfig, data: TokenData, steps: int,
                    step_s: dict[str, float]) -> tuple[TextConfig, int, dict[str, float], dict[str, Any]]:
     """``compile`` resolved: on and off as asked; auto with a budget times each variant's
-    compiled step here (the first step's extra seconds are its compile time, paid once per
-    run) and compiles where that fits more steps into the budget than the eager plan; auto
+    compiled and eager steps here in the same rounds (:func:`time_compiled`; the first
+    compiled step's extra seconds are its compile time, paid once per run) and compiles where
+    that fits more steps into the budget than eager steps would; auto
     with fixed steps stays eager. The config with ``train.compile`` set, its steps and
     seconds per step, and the decision with its figures (for the report)."""
     if cfg.compile != "auto" or cfg.budget_minutes is None:
         chosen = cfg.compile == "on"
         return _compiled(cfg, chosen), steps, step_s, {"mode": cfg.compile, "compile": chosen}
     timed = time_compiled(cfg, data)
-    compiled_s = {v: step for v, (_, step) in timed.items()}
-    overhead = sum(first for first, _ in timed.values()) * cfg.seeds  # one compile per run
+    compiled_s = {v: compiled for v, (_, compiled, _) in timed.items()}
+    eager_s = {v: eager for v, (_, _, eager) in timed.items()}  # timed in the same rounds as compiled_s
+    overhead = sum(first for first, _, _ in timed.values()) * cfg.seeds  # one compile per run
     budget_s = cfg.budget_minutes * 60 * 0.8 - overhead
     compiled_steps = _round_steps(budget_s / (sum(compiled_s.values()) * cfg.seeds)) if budget_s > 0 else 0
-    eager_steps = _fit(cfg, step_s, cfg.seeds)  # what fits the budget, before the min_steps floor
+    eager_steps = _fit(cfg, eager_s, cfg.seeds)  # what fits the budget, before the min_steps floor
     chosen = compiled_steps > eager_steps
     decision = {"mode": "auto", "compile": chosen, "eager_steps": eager_steps, "compiled_steps": compiled_steps,
-                "eager_step_s": step_s, "compiled_step_s": compiled_s,
-                "compile_s": {v: first for v, (first, _) in timed.items()}}
+                "eager_step_s": eager_s, "compiled_step_s": compiled_s,
+                "compile_s": {v: first for v, (first, _, _) in timed.items()}}
     _say_compile(decision)
     if not chosen:
         return _compiled(cfg, False), steps, step_s, decision
@@ -345,31 +347,26 @@ def _say_compile(d: dict[str, Any]) -> None:
 
 
 def _compiled(cfg: TextConfig, on: bool) -> TextConfig:
-    return dataclasses.replace(cfg, train=cfg.train.replace(compile=on))
+    return dataclasses.replace(cfg, train=cfg.train.replace(compile="on" if on else "off"))
 
 
-def time_compiled(cfg: TextConfig, data: TokenData, repeats: int = 3) -> dict[str, tuple[float, float]]:
-    """Per variant: (compile seconds, the first step's time beyond a compiled step's;
-    median seconds of ``repeats`` compiled steps after it)."""
-    timed = {}
-    for variant in cfg.variants:
-        first, step = time_first_steps(cfg, data, variant, compile=True, repeats=repeats)
-        timed[variant] = (max(first - step, 0.0), step)
-    return timed
-
-
-def time_first_steps(cfg: TextConfig, data: TokenData, variant: str, *, compile: bool,
-                     repeats: int) -> tuple[float, float]:
-    """A fresh trainer of ``variant`` (compiled from scratch, as a run is, with ``compile``):
-    seconds of its first step, and the median of the ``repeats`` steps after it."""
+def time_compiled(cfg: TextConfig, data: TokenData, repeats: int = 3) -> dict[str, tuple[float, float, float]]:
+    """Per variant: (compile seconds: a fresh compiled trainer's first step beyond a compiled
+    step; median compiled step; median eager step), the compiled and eager steps of every
+    variant timed together in interleaved rounds (:func:`median_times`), so that load on
+    the machine falls on both modes alike."""
     torch._dynamo.reset()
-    trainer = Trainer(cfg.train_config(variant, 0, steps=1_000_000).replace(compile=compile), data)
-    times = []
-    for _ in range(repeats + 1):
+    first, steps = {}, {}
+    for variant in cfg.variants:
+        trainer = Trainer(cfg.train_config(variant, 0, steps=1_000_000).replace(compile="on"), data)
         started = time.perf_counter()
         trainer.train_step()
-        times.append(time.perf_counter() - started)
-    return times[0], statistics.median(times[1:])
+        first[variant] = time.perf_counter() - started
+        steps[f"compiled {variant}"] = trainer.train_step
+        steps[f"eager {variant}"] = make_step(cfg, variant, data)
+    times = median_times(steps, repeats=repeats, warmup=1)
+    return {v: (max(first[v] - times[f"compiled {v}"], 0.0), times[f"compiled {v}"], times[f"eager {v}"])
+            for v in cfg.variants}
 
 
 def fit_eager_plan(cfg: TextConfig, data: TokenData) -> tuple[TextConfig, int, dict[str, float], list[str]]:
