@@ -86,23 +86,29 @@ def test_bad_reproduce_config(fields, match):
         ReproduceConfig.make(**fields)
 
 
-def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
-    from gatedattn.data import prepare
-    from gatedattn.data import TokenData
-    from gatedattn.reproduce import runner
+def _tiny_data(tmp_path):
+    """A prepared data directory of six short documents (300-token vocabulary)."""
+    from gatedattn.data import TokenData, prepare
 
     docs = tmp_path / "docs"
     docs.mkdir()
     for i in range(6):
         (docs / f"{i}.txt").write_text(f"Document {i}. " + "The cat sat on the mat. " * 80)
     prepare([docs], tmp_path / "data", vocab_size=300, progress=False)
+    return TokenData(tmp_path / "data")
+
+
+def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
+    from gatedattn.reproduce import runner
+
+    data = _tiny_data(tmp_path)
     cfg = ReproduceConfig.quick(steps=None, budget_minutes=1.0, variants=("baseline", "gated"), preset="micro")
     monkeypatch.setattr(runner, "time_steps", lambda c, d: {"baseline": 0.1, "gated": 0.2})
-    steps, timed = runner.plan_steps(cfg, TokenData(tmp_path / "data"), 1)
+    steps, timed = runner.plan_steps(cfg, data, 1)
     assert timed == {"baseline": 0.1, "gated": 0.2}
     assert steps == 160  # 60 s * 0.8 / (0.1 + 0.2) s, rounded down to tens
     fixed = ReproduceConfig.quick()
-    assert runner.plan_steps(fixed, TokenData(tmp_path / "data"), 1) == (40, {})
+    assert runner.plan_steps(fixed, data, 1) == (40, {})
 
 
 def test_budget_steps_down_to_a_smaller_model_then_fewer_seeds(monkeypatch):
@@ -159,15 +165,10 @@ def test_lr_study_records_divergence(tmp_path, default_cache, capsys):
 
 def test_time_compiled_times_both_modes_of_every_variant_in_the_same_rounds(tmp_path, monkeypatch):
     from gatedattn import GatedLM
-    from gatedattn.data import TokenData, prepare
     from gatedattn.reproduce import runner
     from torch import nn
 
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for i in range(6):
-        (docs / f"{i}.txt").write_text(f"Document {i}. " + "The cat sat on the mat. " * 80)
-    prepare([docs], tmp_path / "data", vocab_size=300, progress=False)
+    data = _tiny_data(tmp_path)
     monkeypatch.setattr(GatedLM, "compile", lambda self: nn.Module.compile(self, backend="eager"))  # dynamo alone
     rounds = []
 
@@ -177,7 +178,7 @@ def test_time_compiled_times_both_modes_of_every_variant_in_the_same_rounds(tmp_
 
     monkeypatch.setattr(runner, "median_times", median_times)
     cfg = ReproduceConfig.quick(preset="micro", seq_len=32, micro_batch=2)
-    timed = runner.time_compiled(cfg, TokenData(tmp_path / "data"))
+    timed = runner.time_compiled(cfg, data)
     assert rounds == [["compiled baseline", "compiled gated", "eager baseline", "eager gated"]]
     assert set(timed) == {"baseline", "gated"}
     for compile_s, compiled_s, eager_s in timed.values():
