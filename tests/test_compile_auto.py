@@ -68,6 +68,9 @@ def test_auto_stays_eager_on_a_run_too_short_to_pay_back_a_compile(data_dir, tmp
     assert decision["compile"] is False and "too short" in decision["reason"] and not trainer.compiled
     few = CompileProbe(_trainer(data_dir, tmp_path, steps=8), probe_steps=2)
     assert few.decision["compile"] is False and "too few" in few.decision["reason"]
+    sharded = _trainer(data_dir, tmp_path)
+    sharded.cfg = sharded.cfg.replace(fsdp=True)  # (a Trainer builds FSDP only under torchrun)
+    assert "fsdp: not probed" in CompileProbe(sharded).decision["reason"]
 
 
 def test_train_with_auto_compiles_records_the_decision_and_trains_like_eager(data_dir, tmp_path, monkeypatch):

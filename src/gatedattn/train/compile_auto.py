@@ -11,7 +11,8 @@ alike, and keeps the compiled model when the median compiled step is faster than
 eager one (the compile is paid by then either way). Every step of the probe is a step of the
 run; nothing is trained twice.
 
-Under torchrun every rank times its steps, and rank 0's decision is every rank's. The
+Under torchrun every rank times its steps, and rank 0's decision is every rank's; an FSDP
+run is not probed and stays eager unless ``compile`` is ``on``. The
 decision and its figures go to ``metrics.jsonl`` (a record of kind ``compile``), to the
 run's ``env.json`` (``"compile"``), and to stderr where a compile was tried.
 """
@@ -40,7 +41,9 @@ class CompileProbe:
         self.compiled: list[float] = []  # the first one holds the compile
         self.decision: dict[str, Any] | None = None
         left = trainer.end - trainer.state.step
-        if left <= 3 * self.probe_steps + 2:
+        if trainer.cfg.fsdp:  # switching FSDP2's hooked modules between compiled and eager is not tried
+            self._settle(False, "fsdp: not probed (compile=on compiles an FSDP run)")
+        elif left <= 3 * self.probe_steps + 2:
             self._settle(False, f"{left} steps to train: too few to time both modes")
 
     def after_step(self, seconds: float) -> dict[str, Any] | None:
