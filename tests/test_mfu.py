@@ -85,6 +85,18 @@ def test_peak_is_cached_per_machine_key(tmp_path):
     assert key.endswith("|fp32") and key != mfu.machine_key("bf16")
 
 
+def test_retiming_can_only_raise_the_cached_peak(tmp_path):
+    """A peak first timed on a busy machine is too low (every MFU too high); ``retime``
+    (what bench does) keeps the higher of the cached and the new timing."""
+    path = tmp_path / "peak_flops.json"
+    busy = mfu.peak_flops("fp32", path=path, timer=FakeTimer(2e10))
+    idle = mfu.peak_flops("fp32", path=path, timer=FakeTimer(5e10), retime=True)
+    assert idle.measured and idle.flops_per_s == pytest.approx(5e10) and busy.flops_per_s == pytest.approx(2e10)
+    again = mfu.peak_flops("fp32", path=path, timer=FakeTimer(3e10), retime=True)  # busy again
+    assert not again.measured and again.flops_per_s == pytest.approx(5e10)
+    assert mfu.peak_flops("fp32", path=path, timer=FakeTimer(1e12)).flops_per_s == pytest.approx(5e10)  # cached
+
+
 @pytest.mark.parametrize("content", ["{not json", '{"schema": "gatedattn-peak-flops/1", "peaks": []}',
                                      '{"schema": "other", "peaks": {}}', "[1, 2]", ""])
 def test_a_corrupt_cache_is_ignored_and_rewritten(tmp_path, content):

@@ -15,7 +15,9 @@ takes a noticeable time) and kept in ``$GATEDATTN_CACHE`` (default ``~/.cache/ga
 ``/peak_flops.json``, one entry per machine key: the device (CPU model or GPU name), its
 capability, the torch version, the thread count and the dtype. A later run on the same key
 reads the entry instead of timing again; a missing, unreadable or corrupt file is timed
-anew and rewritten (atomically). A measured peak is what this machine reaches in practice,
+anew and rewritten (atomically). ``gatedattn bench`` times the peak on every run and keeps
+the higher figure, so a peak first timed on a busy machine (too low, so every MFU too high)
+is corrected by the next bench on an idle one. A measured peak is what this machine reaches in practice,
 below the vendor's figure, so MFU here reads higher than against a datasheet.
 
 **MFU** = model FLOP/s / (peak x devices).
@@ -177,26 +179,32 @@ def _valid(entry) -> bool:
 
 
 def peak_flops(dtype: str, device: torch.device | str = "cpu", *, path: str | os.PathLike | None = None,
-               timer: Callable[[int, str, torch.device], float] | None = None) -> Peak:
+               timer: Callable[[int, str, torch.device], float] | None = None, retime: bool = False) -> Peak:
     """The peak FLOP/s of ``dtype`` on ``device``: from the cache when it holds this
-    machine's key, else timed (:func:`measure_peak_flops`) and written to the cache. A
-    cache that cannot be written leaves the peak measured for this call only."""
+    machine's key, else timed (:func:`measure_peak_flops`) and written to the cache.
+    ``retime`` times it even when cached and keeps the higher of the two: a product timed
+    on a busy machine runs slower, so a later timing can only correct a peak upwards
+    (``gatedattn bench`` retimes on every run). A cache that cannot be written leaves the
+    peak measured for this call only."""
     from gatedattn.errors import GatedAttnError
     from gatedattn.io import atomic_write_json
 
     key = machine_key(dtype, device)
     path = Path(path) if path is not None else cache_path()
     entries = _read_entries(path)
-    if _valid(entries.get(key)):
-        return Peak(float(entries[key]["flops_per_s"]), dtype, key, measured=False)
-    value = measure_peak_flops(dtype, device, timer=timer)
+    cached = float(entries[key]["flops_per_s"]) if _valid(entries.get(key)) else None
+    if cached is not None and not retime:
+        return Peak(cached, dtype, key, measured=False)
+    measured = measure_peak_flops(dtype, device, timer=timer)
+    if cached is not None and cached >= measured:
+        return Peak(cached, dtype, key, measured=False)
     entries = {k: v for k, v in entries.items() if _valid(v)}
-    entries[key] = {"flops_per_s": value, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entries[key] = {"flops_per_s": measured, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         atomic_write_json(path, {"schema": SCHEMA, "peaks": entries})
     except (GatedAttnError, OSError):
         pass  # a read-only cache: measured again next time
-    return Peak(value, dtype, key, measured=True)
+    return Peak(measured, dtype, key, measured=True)
 
 
 def step_fields(train_cfg, data, step_s: float) -> dict:
