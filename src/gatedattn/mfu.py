@@ -206,20 +206,3 @@ def peak_flops(dtype: str, device: torch.device | str = "cpu", *, path: str | os
         pass  # a read-only cache: measured again next time
     return Peak(measured, dtype, key, measured=True)
 
-
-def step_fields(train_cfg, data, step_s: float) -> dict:
-    """Model FLOP/s and MFU of one training step of ``train_cfg`` (a ``TrainConfig``) on
-    ``data`` (its vocabulary) that took ``step_s`` seconds, on one process of the config's
-    device; ``peak_flops_per_s`` beside them (``mfu`` None when no peak could be timed)."""
-    from gatedattn.device import resolve_device
-    from gatedattn.precision import resolve_dtype
-
-    device = resolve_device(train_cfg.device)
-    model_cfg = train_cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
-    try:
-        peak = peak_flops(resolve_dtype(train_cfg.dtype, device).dtype, device)
-    except Exception:  # the step time stands without its MFU
-        peak = None
-    tokens_per_s = train_cfg.tokens_per_step(1) / step_s if step_s > 0 else 0.0
-    return {**speed_fields(train_flops_per_token(model_cfg, train_cfg.seq_len), tokens_per_s, peak),
-            "peak_flops_per_s": None if peak is None else peak.flops_per_s}

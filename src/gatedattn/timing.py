@@ -3,8 +3,8 @@
 ``interleaved_times`` times several workloads in rounds -- every workload once per round,
 in the given order on even rounds and reversed on odd ones -- so slow drifts of the machine
 (other processes, clock changes, thermal state) and the cost of running first or last in a
-round reach every workload alike. Garbage is collected before each sample and the
-collector is off while it runs. ``summarize`` turns the samples into a median and the
+round reach every workload alike. The young garbage generations are collected before each
+sample and the collector is off while it runs. ``summarize`` turns the samples into a median and the
 interquartile range relative to that median: the noise a reader should expect on any
 ratio built from them. ``gatedattn bench`` and the reproduction's overhead claim both use
 it. ``times_until_steady`` keeps adding rounds until every workload's spread is under a

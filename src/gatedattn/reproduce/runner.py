@@ -42,11 +42,10 @@ from gatedattn.reproduce.mechanism import (
 )
 from gatedattn.reproduce.report import Section, write_report
 from gatedattn.timing import interleaved_times, median_times
-from gatedattn import mfu
 from gatedattn.settings import build, check_options, dataclass_of, option
 from gatedattn.train import TrainConfig, train
-from gatedattn.train.config import ModelRecipe, has_gate
-from gatedattn.train.metrics import read_records
+from gatedattn.train.config import COMPILE_MODES, ModelRecipe, has_gate
+from gatedattn.train.metrics import SpeedMeter, read_records
 from gatedattn.train.trainer import Trainer
 from gatedattn.variants import VARIANTS
 
@@ -68,7 +67,6 @@ def _base_train() -> TrainConfig:
 # variant only stands in for the gated ones, so that gate settings are checked at once)
 _PER_RUN = ("out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant",
             "compile")  # the study's own ``compile`` decides it
-COMPILE_MODES = ("auto", "on", "off")
 # the names ``TextConfig.make`` routes into ``train``
 _TRAIN_NAMES = frozenset({f.name for f in dataclasses.fields(TrainConfig)} | {"variant", "preset", "model_overrides"})
 
@@ -320,8 +318,8 @@ def choose_compile(cfg: TextConfig, data: TokenData, steps: int,
     with fixed steps stays eager. The config with ``train.compile`` set, its steps and
     seconds per step, and the decision with its figures (for the report)."""
     if cfg.compile != "auto" or cfg.budget_minutes is None:
-        chosen = cfg.compile == "on"
-        return _compiled(cfg, chosen), steps, step_s, {"mode": cfg.compile, "compile": chosen}
+        mode = "on" if cfg.compile == "on" else "off"
+        return _compiled(cfg, mode), steps, step_s, {"mode": cfg.compile, "compile": mode == "on"}
     timed = time_compiled(cfg, data)
     compiled_s = {v: compiled for v, (_, compiled, _) in timed.items()}
     eager_s = {v: eager for v, (_, _, eager) in timed.items()}  # timed in the same rounds as compiled_s
@@ -335,8 +333,8 @@ def choose_compile(cfg: TextConfig, data: TokenData, steps: int,
                 "compile_s": {v: first for v, (first, _, _) in timed.items()}}
     _say_compile(decision)
     if not chosen:
-        return _compiled(cfg, False), steps, step_s, decision
-    return _compiled(cfg, True), max(compiled_steps, cfg.min_steps), compiled_s, decision
+        return _compiled(cfg, "off"), steps, step_s, decision
+    return _compiled(cfg, "on"), max(compiled_steps, cfg.min_steps), compiled_s, decision
 
 
 def _say_compile(d: dict[str, Any]) -> None:
@@ -346,8 +344,8 @@ def _say_compile(d: dict[str, Any]) -> None:
          f"{d['eager_steps']}: {'compiling' if d['compile'] else 'eager'}")
 
 
-def _compiled(cfg: TextConfig, on: bool) -> TextConfig:
-    return dataclasses.replace(cfg, train=cfg.train.replace(compile="on" if on else "off"))
+def _compiled(cfg: TextConfig, mode: str) -> TextConfig:
+    return dataclasses.replace(cfg, train=cfg.train.replace(compile=mode))
 
 
 def time_compiled(cfg: TextConfig, data: TokenData, repeats: int = 3) -> dict[str, tuple[float, float, float]]:
@@ -557,7 +555,7 @@ def reproduce(cfg: TextConfig, command: str | None = None, *, mechanism: Mechani
                                 warmup=2, per_sample=3)
     results["step_time_samples"] = samples
     results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
-    results["step_mfu"] = {v: mfu.step_fields(cfg.train_config(v, 0, steps=1_000_000), data, t)
+    results["step_mfu"] = {v: _step_speed(cfg.train_config(v, 0, steps=1_000_000), data, t)
                            for v, t in results["step_time"].items()}
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
@@ -580,6 +578,12 @@ def run_apart(cfg: TextConfig, command: str | None, key: str, study: Callable[..
     results["meta"] = _meta(cfg, data, command, started)
     atomic_write_json(out / "results.json", json_safe(results))
     return report(results, out)
+
+
+def _step_speed(train_cfg: TrainConfig, data: TokenData, step_s: float) -> dict[str, Any]:
+    """Model FLOP/s and MFU of one training step of ``train_cfg`` that took ``step_s``."""
+    tokens_per_s = train_cfg.tokens_per_step(1) / step_s if step_s > 0 else 0.0
+    return SpeedMeter.for_config(train_cfg, data).fields(tokens_per_s)
 
 
 def _start(cfg: TextConfig) -> tuple[Path, Path, TokenData, dict[str, Any]]:

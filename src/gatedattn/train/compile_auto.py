@@ -37,8 +37,8 @@ class CompileProbe:
         self.trainer = trainer
         self.probe_steps = PROBE_STEPS if probe_steps is None else probe_steps
         self.min_run_s = MIN_RUN_S if min_run_s is None else min_run_s
-        self.eager: list[float] = []  # the first one is the warm-up
-        self.compiled: list[float] = []  # the first one holds the compile
+        self.eager_times: list[float] = []  # the first one is the warm-up
+        self.compiled_times: list[float] = []  # the first one holds the compile
         self.decision: dict[str, Any] | None = None
         left = trainer.end - trainer.state.step
         if trainer.cfg.fsdp:  # switching FSDP2's hooked modules between compiled and eager is not tried
@@ -50,18 +50,18 @@ class CompileProbe:
         """Take one step's seconds; return the decision at the step that settles it, else None."""
         if self.decision is not None:
             return None
-        if not self.compiled and not self.trainer.compiled:  # the eager steps before trying
-            self.eager.append(seconds)
-            return self._try_compile() if len(self.eager) == self.probe_steps + 1 else None
-        (self.compiled if self.trainer.compiled else self.eager).append(seconds)
-        if len(self.compiled) == self.probe_steps + 1 and len(self.eager) == 2 * self.probe_steps + 1:
+        if not self.compiled_times and not self.trainer.compiled:  # the eager steps before trying
+            self.eager_times.append(seconds)
+            return self._try_compile() if len(self.eager_times) == self.probe_steps + 1 else None
+        (self.compiled_times if self.trainer.compiled else self.eager_times).append(seconds)
+        if len(self.compiled_times) == self.probe_steps + 1 and len(self.eager_times) == 2 * self.probe_steps + 1:
             return self._compare()
         self.trainer.set_compiled(not self.trainer.compiled)  # alternate
         return None
 
     # ------------------------------------------------------------------ the two decisions
     def _try_compile(self) -> dict[str, Any] | None:
-        eager_s = statistics.median(self.eager[1:])
+        eager_s = statistics.median(self.eager_times[1:])
         left = self.trainer.end - self.trainer.state.step
         go = D.broadcast_object(left * eager_s >= self.min_run_s, self.trainer.env)
         if not go:
@@ -73,9 +73,9 @@ class CompileProbe:
         return None
 
     def _compare(self) -> dict[str, Any]:
-        eager_s = statistics.median(self.eager[1:])
-        compiled_s = statistics.median(self.compiled[1:])
-        compile_s = max(self.compiled[0] - compiled_s, 0.0)
+        eager_s = statistics.median(self.eager_times[1:])
+        compiled_s = statistics.median(self.compiled_times[1:])
+        compile_s = max(self.compiled_times[0] - compiled_s, 0.0)
         left = self.trainer.end - self.trainer.state.step
         keep = D.broadcast_object(compiled_s < eager_s, self.trainer.env)
         self.trainer.set_compiled(keep)
@@ -87,6 +87,6 @@ class CompileProbe:
     def _settle(self, compiled: bool, reason: str, **figures: float) -> dict[str, Any]:
         self.decision = {"mode": "auto", "compile": compiled, "step": self.trainer.state.step, "reason": reason,
                          **figures}
-        if self.compiled or compiled:  # a run too short to try says so in env.json and metrics.jsonl only
+        if self.compiled_times or compiled:  # a run too short to try says so in env.json and metrics.jsonl only
             self.trainer.say(f"compile auto: {'compiled' if compiled else 'eager'} ({reason})")
         return self.decision

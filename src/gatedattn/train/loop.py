@@ -250,7 +250,8 @@ def _start_compile(trainer: Trainer) -> CompileProbe | None:
 
 
 def _record_compile(trainer: Trainer, decision: dict[str, Any]) -> None:
-    """``compile`` auto's decision (train/compile_auto.py) into env.json and metrics.jsonl."""
+    """The run's compile mode (as asked, or auto's decision) into env.json and, once
+    settled, metrics.jsonl."""
     if trainer.env.is_main and trainer.out is not None:
         rundir.record_env(trainer.out, "compile", decision)
     if decision["compile"] is not None:

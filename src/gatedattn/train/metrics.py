@@ -143,6 +143,17 @@ class SpeedMeter:
                 warn(f"no peak FLOP/s for MFU ({type(e).__name__}: {e}); mfu is left empty")
         return cls(train_flops_per_token(model_cfg, seq_len), peak, devices)
 
+    @classmethod
+    def for_config(cls, train_cfg, data) -> "SpeedMeter":
+        """The meter of a run of ``train_cfg`` (a ``TrainConfig``) on ``data`` (its
+        vocabulary), one process on the config's device."""
+        from gatedattn.device import resolve_device
+        from gatedattn.precision import resolve_dtype
+
+        device = resolve_device(train_cfg.device)
+        model_cfg = train_cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
+        return cls.measure(model_cfg, train_cfg.seq_len, resolve_dtype(train_cfg.dtype, device).dtype, device)
+
     def fields(self, tokens_per_s: float) -> dict[str, Any]:
         """``model_flops_per_s``, ``mfu`` and ``peak_flops_per_s`` at ``tokens_per_s``."""
         return {**speed_fields(self.flops_per_token, tokens_per_s, self.peak, self.devices),
