@@ -2,6 +2,8 @@
 
     gatedattn train --variant NAME --preset SIZE --data DIR --out DIR [--set KEY=VALUE ...] [--resume]
     gatedattn train --resume RUN_DIR [--set steps=N ...]   (continue a run with its recorded config)
+    gatedattn train --init-from MODEL [--variant V] [--trainable GROUPS] --data DIR --out DIR [--set ...]
+                    (continued pretraining of MODEL; V retrofits a gate; GROUPS train, the rest is frozen)
     gatedattn sweep --variants A,B --lr 1e-3,3e-3 [--seeds 0,1] --preset SIZE --data DIR --out DIR
                     [--set KEY=VALUE ...] [--resume]
 
@@ -27,12 +29,29 @@ def _keys_epilog() -> str:
 
 
 # Keys that a flag of train/sweep sets: a run's identity has one source.
-FLAG_KEYS = {"data_dir": "--data", "out_dir": "--out", "model.variant": "--variant", "model.size": "--preset"}
+FLAG_KEYS = {"data_dir": "--data", "out_dir": "--out", "model.variant": "--variant", "model.size": "--preset",
+             "init_from": "--init-from", "trainable": "--trainable"}
 
 
 def _base(args) -> dict:
+    _check_init_from(args)
     return {"data_dir": args.data, "out_dir": args.out, "variant": getattr(args, "variant", None) or "baseline",
-            "preset": args.preset or "tiny"}
+            "preset": args.preset or "tiny", "init_from": getattr(args, "init_from", None),
+            "trainable": _trainable(args)}
+
+
+def _trainable(args) -> tuple[str, ...]:
+    return () if args.trainable is None else tuple(parse_list(args.trainable, str, "--trainable"))
+
+
+def _check_init_from(args, init_from: str | None = None) -> None:
+    """``--preset`` names a size that the model of ``--init-from`` (or of the resumed run's
+    ``init_from``) already has: giving both is refused (the TrainConfig cannot tell an
+    explicit ``--preset tiny`` from the default)."""
+    init_from = init_from or getattr(args, "init_from", None)
+    if init_from is not None and args.preset is not None:
+        raise GatedAttnError(f"--preset {args.preset} conflicts with --init-from {init_from}: the model's size "
+                             f"comes from that model; give one of them")
 
 
 def _require(args, *names: str) -> None:
@@ -59,9 +78,15 @@ def _resumed_config(args) -> TrainConfig:
         raise GatedAttnError(f"{run / CONFIG} has no 'train' object; it is not a run directory")
     # the recorded stop_at_step ended the earlier invocation; continuing goes on (unless --set again)
     cfg = TrainConfig.from_dict({**train, "out_dir": str(run), "stop_at_step": None})
+    _check_init_from(args, cfg.init_from)
+    init_from = getattr(args, "init_from", None)
     for flag, now, then in (("--variant", getattr(args, "variant", None), cfg.model.variant),
-                            ("--preset", args.preset, cfg.model.size)):
-        if now is not None and now != then:
+                            ("--preset", args.preset, cfg.model.size),
+                            ("--init-from", init_from, cfg.init_from),
+                            ("--trainable", ",".join(_trainable(args)) or None, ",".join(cfg.trainable))):
+        if now is None or now == then:
+            continue
+        if not (flag == "--init-from" and then is not None and Path(now).resolve() == Path(then).resolve()):
             raise GatedAttnError(f"{flag} {now} differs from the run's {then!r}; a resumed run keeps its model")
     if args.data is not None:
         cfg = cfg.replace(data_dir=args.data)
@@ -132,7 +157,8 @@ def _sweep(args) -> int:
     if isinstance(args.resume, str):
         raise GatedAttnError("sweep takes --resume without a directory (it resumes every run under --out)")
     _require(args, "data", "out")
-    flags = {**FLAG_KEYS, "model.variant": "--variants", "lr": "--lr", **({"seed": "--seeds"} if seeds else {})}
+    flags = {**FLAG_KEYS, "model.variant": "--variants", "lr": "--lr", **({"seed": "--seeds"} if seeds else {}),
+             "init_from": "gatedattn train --init-from (a sweep trains fresh models)"}
     base = TrainConfig.from_sets(_base(args) | {"variant": variants[0] if variants else "baseline"}, args.set, flags)
     for s in seeds or []:
         if s < 0:
@@ -162,7 +188,14 @@ def register(subparsers) -> None:
             "code_version, env.json, metrics.jsonl/.csv, summary.json, checkpoints/ and final/ into --out. "
             "Run under torchrun for data parallelism.", width=90),
     )
-    p.add_argument("--variant", default=None, help="attention preset (gatedattn variants; default baseline)")
+    p.add_argument("--variant", default=None, help="attention preset (gatedattn variants; default baseline); with "
+                   "--init-from, the gate (or sink) to retrofit into that model (identity init: its outputs are "
+                   "kept), baseline keeping the model as it is")
+    p.add_argument("--init-from", metavar="MODEL", default=None,
+                   help="continued pretraining: start from this model's config and weights instead of a preset (a "
+                        "gatedattn directory such as a run's final/, or a HF Llama/Qwen2/Qwen3 directory; anything "
+                        "gatedattn.hf.load_model reads). Its tokenizer.json, if it has one, must be the data's; "
+                        "without one the data's vocabulary must fit the model's. Not with --preset or model.* keys")
     _common(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_train)
@@ -189,6 +222,12 @@ def _common(p) -> None:
     p.add_argument("--out", metavar="DIR", help="the run directory (required)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a TrainConfig field or model key (repeatable; keys listed below)")
+    p.add_argument("--trainable", metavar="GROUPS", default=None,
+                   help="train only these parameters and freeze the rest (default: everything trains): "
+                        "comma-separated groups gates (every gate parameter), sink (the attention-sink logits), all, "
+                        "or fnmatch patterns over parameter names such as 'blocks.*.attn.o_proj.*'. Frozen "
+                        "parameters get no gradient and no optimizer state; checkpoints and final/ hold the whole "
+                        "model")
     p.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                    help="continue from the latest checkpoint in --out (start afresh if there is none); "
                         "train --resume RUN_DIR alone continues RUN_DIR with its recorded config")

@@ -29,6 +29,12 @@ from gatedattn.precision import DTYPES
 from gatedattn.settings import apply_sets, build, check_options, option, parse_value, resolve, settings
 from gatedattn.variants import VARIANTS
 
+# ``TrainConfig.trainable``'s named groups (anything else is an fnmatch pattern over parameter
+# names); what each selects is ``gatedattn.train.optim.matches``
+TRAINABLE_GROUPS = {"gates": "every gate parameter (names containing .gate.)",
+                    "sink": "the learnable attention-sink logits (names ending in .sink)",
+                    "all": "every parameter"}
+
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("auto", "cpu", "cuda")
@@ -153,6 +159,13 @@ class TrainConfig:
     data_dir: str | None = option(None, help="a directory written by `gatedattn data prepare`")
     out_dir: str | None = option(None, help="the run directory")
     model: ModelRecipe = field(default_factory=ModelRecipe, metadata={"help": "the model to build"})
+    init_from: str | None = option(None, help="continue training this model (anything gatedattn.hf.load_model reads: "
+                                   "a gatedattn or HF Llama/Qwen2/Qwen3 directory) instead of building one: its "
+                                   "config and weights replace the size preset and the model.* keys; "
+                                   "model.variant other than baseline retrofits that variant's gate (identity init)")
+    trainable: tuple[str, ...] = option((), help="train only these parameters and freeze the rest (empty: all "
+                                        "train): the groups " + ", ".join(TRAINABLE_GROUPS) + " or fnmatch patterns "
+                                        "over parameter names (blocks.*.attn.o_proj.*), comma-separated")
     seq_len: int = option(256, ge=1, help="tokens per training sequence (the context)")
     micro_batch: int = option(16, ge=1, help="sequences per forward pass")
     grad_accum: int = option(1, ge=1, help="micro-batches per optimizer step")
@@ -214,6 +227,7 @@ class TrainConfig:
             object.__setattr__(self, "compile", "on" if self.compile in (True, "true") else "off")
         if not isinstance(self.model, ModelRecipe):
             raise ConfigError(f"TrainConfig.model must be a ModelRecipe, got {type(self.model).__name__}")
+        self._check_trainable()
         check_types(self)
         check_options(self)
         betas = self.betas
@@ -224,16 +238,50 @@ class TrainConfig:
         self._check_between_fields()
 
     def _check_paths(self) -> None:
-        for name in ("data_dir", "out_dir"):
+        for name in ("data_dir", "out_dir", "init_from"):
             value = getattr(self, name)
             if isinstance(value, os.PathLike):
                 object.__setattr__(self, name, os.fspath(value))
             elif value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"TrainConfig.{name}={value!r} must be a non-empty path or None")
 
+    def _check_trainable(self) -> None:
+        """``trainable``: a tuple of non-empty names (a comma-separated string or a list is
+        read as one); whether each matches a parameter is checked against the model
+        (``gatedattn.train.optim.trainable_names``)."""
+        value = self.trainable
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(","))
+        if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"TrainConfig.trainable={value!r} must be a list of group names "
+                              f"({', '.join(TRAINABLE_GROUPS)}) or fnmatch patterns over parameter names")
+        if any(not v.strip() or v != v.strip() for v in value):
+            raise ConfigError(f"TrainConfig.trainable={list(value)!r} has an empty or space-padded entry; give group "
+                              f"names ({', '.join(TRAINABLE_GROUPS)}) or fnmatch patterns over parameter names")
+        object.__setattr__(self, "trainable", tuple(value))
+
+    def _check_init_from(self) -> None:
+        """With ``init_from`` the model comes from that model: a size preset or a change of
+        the model's fields conflicts with it; a variant (other than baseline) must be a
+        gate or sink to retrofit (the rule of ``gatedattn.hf.add_gates``)."""
+        recipe, where = self.model, f"TrainConfig.init_from={self.init_from!r}"
+        conflicts = ([f"model.size={recipe.size!r} (--preset)"] if recipe.size != ModelRecipe.size else []) \
+            + ([f"model.d_model={recipe.d_model}"] if recipe.d_model is not None else []) \
+            + [f"model.{key}={value!r}" for key, value in recipe.overrides().items()]
+        if conflicts:
+            raise ConfigError(f"{where} takes the model's size and fields from that model; {conflicts[0]} conflicts "
+                              f"with it (drop it, or train from a preset without init_from)")
+        if recipe.variant != "baseline":
+            changes = VARIANTS[recipe.variant].make(64)
+            if not changes or set(changes) - {"gate", "sink"}:
+                raise ConfigError(f"{where}: model.variant={recipe.variant!r} is not a gate or sink to retrofit "
+                                  f"into the model; choose a gated or sink variant, or baseline (the model as it is)")
+
     def _check_between_fields(self) -> None:
         """The rules that tie two fields together (each field's own bounds are declared)."""
         own = "TrainConfig"
+        if self.init_from is not None:
+            self._check_init_from()
         max_len = self.model.lm.get("max_seq_len")
         if max_len is not None and max_len < self.seq_len:
             raise ConfigError(f"{own}: model.max_seq_len={max_len} is shorter than seq_len={self.seq_len}; the model "
@@ -273,7 +321,11 @@ class TrainConfig:
 
     def model_config(self, vocab_size: int, bos_token_id: int | None = None,
                      eos_token_id: int | None = None) -> ModelConfig:
-        """The ``ModelConfig`` of this run for a vocabulary (from the data directory)."""
+        """The ``ModelConfig`` of this run for a vocabulary (from the data directory); a run
+        with ``init_from`` has the init model's instead (``gatedattn.train.loop.run_model``)."""
+        if self.init_from is not None:
+            raise ConfigError(f"TrainConfig.init_from={self.init_from!r}: the model config is the init model's, "
+                              f"not built from the recipe (gatedattn.train.loop.run_model reads it)")
         return self.model.build(vocab_size, self.seq_len, bos_token_id, eos_token_id)
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -281,6 +333,11 @@ class TrainConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["model"] = self.model.to_dict()
         d["betas"] = list(self.betas)
+        for name in ("init_from", "trainable"):  # absent when unset: as written before the fields
+            if not d[name]:
+                del d[name]
+        if "trainable" in d:
+            d["trainable"] = list(d["trainable"])
         return d
 
     @classmethod
@@ -288,8 +345,9 @@ class TrainConfig:
         """Inverse of ``to_dict``; also reads the flat form written before the model recipe
         (``variant``, ``preset``, ``model_overrides``), so older runs resume."""
         data = upgrade_dict(data)
-        if isinstance(data.get("betas"), list):
-            data["betas"] = tuple(data["betas"])
+        for name in ("betas", "trainable"):
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
         if isinstance(data.get("model"), dict):
             data["model"] = ModelRecipe.from_dict(data["model"])
         return build(cls, data)

@@ -33,7 +33,9 @@ from gatedattn.train import distributed as D
 from gatedattn.train import rundir
 from gatedattn.train.compile_auto import CompileProbe
 from gatedattn.train.config import TrainConfig
+from gatedattn.train.init_from import load_init_model, recorded_model_config
 from gatedattn.train.metrics import MetricsLog, SpeedMeter
+from gatedattn.train.optim import trainable_names
 from gatedattn.train.trainer import EvalHook, StepStats, Trainer, ppl
 
 
@@ -81,6 +83,29 @@ def _check_data(data: TokenData, cfg: TrainConfig) -> None:
             f"{cfg.data_dir}: the val split has {data.val_tokens} tokens, too few for one window of "
             f"seq_len={cfg.seq_len}; use a shorter seq_len or prepare with a larger --val-fraction"
         )
+
+
+def run_model(cfg: TrainConfig, resume: bool, data: TokenData,
+              env: D.DistEnv) -> tuple[ModelConfig, GatedLM | None]:
+    """The run's ``ModelConfig``, and for an ``init_from`` run that starts (not resumes)
+    the model it starts from. A resumed ``init_from`` run takes the config its latest
+    checkpoint records and does not read the init model (the checkpoint has the weights)."""
+    if cfg.init_from is None:
+        return cfg.model_config(data.vocab_size, data.bos_id, data.eos_id), None
+    recorded = D.run_on_main(lambda: recorded_model_config(Path(cfg.out_dir)) if resume else None, env)
+    if recorded is not None:
+        return recorded, None
+    model = load_init_model(cfg, data)
+    return model.cfg, model
+
+
+def check_trainable(model_cfg: ModelConfig, selectors: tuple[str, ...]) -> None:
+    """Every ``TrainConfig.trainable`` entry names a parameter of the model (built on the
+    meta device: no memory, no weights)."""
+    if selectors:
+        with torch.device("meta"):
+            names = [n for n, _ in GatedLM(model_cfg).named_parameters(remove_duplicate=False)]
+        trainable_names(names, selectors)
 
 
 def plan_run(cfg: TrainConfig, resume: bool, world_size: int, data: TokenData,
@@ -140,7 +165,8 @@ def _train(cfg: TrainConfig, eval_hook: EvalHook | None, resume: bool, env: D.Di
     data = TokenData(cfg.data_dir, verify=True)  # checksums and token ids, one read of each stream
     data.check_tokenizer()
     _check_data(data, cfg)
-    model_cfg = cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
+    model_cfg, init_model = run_model(cfg, resume, data, env)
+    check_trainable(model_cfg, cfg.trainable)
     if cfg.fsdp and not env.distributed:
         raise GatedAttnError("TrainConfig.fsdp=True needs a distributed launch (torchrun with WORLD_SIZE > 1)")
     check_training_size(cfg, model_cfg, device, world)  # before the model or a batch is allocated
@@ -153,7 +179,9 @@ def _train(cfg: TrainConfig, eval_hook: EvalHook | None, resume: bool, env: D.Di
         with interruptible(lambda sig: f"stopped outside a training step; the run's files and checkpoints are "
                                        f"kept; continue with: gatedattn train --resume {out}"):
             trainer = Trainer(cfg, data, env=env, eval_hook=eval_hook, out=out,
-                              resume=(plan["model_state"], plan["trainer_state"]) if resumed else None)
+                              resume=(plan["model_state"], plan["trainer_state"]) if resumed else None,
+                              model=None if resumed else init_model, model_cfg=model_cfg)
+            del init_model  # (the trainer holds it)
             # ---- every input is good and the model is built: from here on the run writes files
             log: MetricsLog | None = None
             if env.is_main:
@@ -222,7 +250,9 @@ class _Throughput:
 def _fit(trainer: Trainer) -> "_StopSignals":
     """Train to ``trainer.end``: step, log, evaluate and checkpoint on schedule; stop on divergence."""
     cfg, st = trainer.cfg, trainer.state
-    bar = tqdm(total=trainer.total, initial=st.step, desc=f"train {cfg.model.variant}/{cfg.model.size}", unit="step",
+    what = f"{cfg.model.variant}/{cfg.model.size}" if cfg.init_from is None else \
+        f"{trainer.model_cfg.variant} from {Path(cfg.init_from).name}"
+    bar = tqdm(total=trainer.total, initial=st.step, desc=f"train {what}", unit="step",
                file=sys.stderr, dynamic_ncols=True, disable=not (cfg.progress and trainer.env.is_main))
     window = _Throughput()
     speed = None

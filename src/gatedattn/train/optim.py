@@ -8,17 +8,23 @@ linear layers and embeddings only, never to norms, biases, static gate logits or
 ``lr_at(step, ...)`` is the schedule as a pure function of the step, so resuming needs no
 scheduler state: linear warm-up to ``lr`` over ``warmup_steps`` updates, then cosine (or
 linear, or constant) decay that reaches ``lr * min_lr_ratio`` at the last update.
+
+``freeze(model, cfg.trainable)`` leaves only the parameters ``TrainConfig.trainable``
+names trainable (``requires_grad``); the others get no gradient and are in no optimizer.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import nn
 
+from gatedattn.errors import ConfigError
 from gatedattn.gates import PerHeadLinear
+from gatedattn.train.config import TRAINABLE_GROUPS
 
 
 def lr_at(step: int, *, lr: float, total_steps: int, warmup_steps: int = 0,
@@ -113,25 +119,82 @@ class Optimizers:
 
 
 def build_optimizer(model: nn.Module, cfg) -> Optimizers:
-    """AdamW (``cfg.optimizer == "adamw"``) or Muon for hidden matrices + AdamW (``"muon"``)."""
+    """AdamW (``cfg.optimizer == "adamw"``) or Muon for hidden matrices + AdamW (``"muon"``),
+    over the trainable parameters; an optimizer left without parameters (every hidden
+    matrix frozen, or every other parameter) is not built."""
     parts = split_parameters(model)
     adam_kw = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    optimizers: list[torch.optim.Optimizer] = []
     if cfg.optimizer == "muon":
-        muon = torch.optim.Muon(
-            [p for _, p in parts["matrix"]], lr=cfg.lr, weight_decay=cfg.weight_decay,
-            momentum=cfg.muon_momentum, nesterov=True, adjust_lr_fn="match_rms_adamw",
-        )
+        if parts["matrix"]:
+            optimizers.append(torch.optim.Muon(
+                [p for _, p in parts["matrix"]], lr=cfg.lr, weight_decay=cfg.weight_decay,
+                momentum=cfg.muon_momentum, nesterov=True, adjust_lr_fn="match_rms_adamw",
+            ))
         decay = parts["decay"]
-        optimizers = [muon]
     else:
         decay = parts["matrix"] + parts["decay"]
-        optimizers = []
     groups = [
         {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
         {"params": [p for _, p in parts["no_decay"]], "weight_decay": 0.0},
     ]
-    optimizers.append(torch.optim.AdamW([g for g in groups if g["params"]], **adam_kw))
+    if any(g["params"] for g in groups):
+        optimizers.append(torch.optim.AdamW([g for g in groups if g["params"]], **adam_kw))
+    if not optimizers:
+        raise ConfigError("TrainConfig.trainable leaves no parameter to train")
     opt = Optimizers(optimizers)
     for g in opt.param_groups:
         g["base_lr"] = g["lr"]
     return opt
+
+
+# ---------------------------------------------------------------------------- frozen parameters
+def matches(selector: str, name: str) -> bool:
+    """Whether the ``TrainConfig.trainable`` entry ``selector`` (a group of
+    :data:`~gatedattn.train.config.TRAINABLE_GROUPS`, else an fnmatch pattern) names the
+    parameter ``name``."""
+    if selector == "all":
+        return True
+    if selector == "gates":
+        return ".gate." in f".{name}"
+    if selector == "sink":
+        return name.rpartition(".")[2] == "sink"
+    return fnmatch.fnmatchcase(name, selector)
+
+
+def trainable_names(names: Iterable[str], selectors: Iterable[str]) -> set[str]:
+    """The parameter names (of ``names``) that ``selectors`` choose; a selector that
+    chooses none is refused, naming the groups and a few of the model's parameters."""
+    names = list(names)
+    chosen: set[str] = set()
+    for selector in selectors:
+        hit = {n for n in names if matches(selector, n)}
+        if not hit:
+            raise ConfigError(f"TrainConfig.trainable: {selector!r} matches no parameter of the model; give a group "
+                              f"({', '.join(TRAINABLE_GROUPS)}) or an fnmatch pattern over the parameter names, "
+                              f"such as {', '.join(_example_names(names))}")
+        chosen |= hit
+    return chosen
+
+
+def _example_names(names: list[str], n: int = 5) -> list[str]:
+    """A few parameter names across the model: those outside the blocks and of block 0."""
+    pool = [x for x in names if not x.startswith("blocks.") or x.startswith("blocks.0.")] or names
+    step = max(1, len(pool) // n)
+    return pool[::step][:n]
+
+
+def freeze(model: nn.Module, selectors: Iterable[str]) -> list[str]:
+    """Leave trainable only the parameters ``selectors`` choose (none given: all of them)
+    and freeze the rest (``requires_grad=False``: no gradient is computed for them and
+    :func:`build_optimizer` leaves them out); returns the trainable names. A tied
+    parameter trains when any of its names is chosen."""
+    named = list(model.named_parameters(remove_duplicate=False))
+    selectors = tuple(selectors)
+    if not selectors:
+        return [n for n, p in named if p.requires_grad]
+    keep = trainable_names([n for n, _ in named], selectors)
+    train_ids = {id(p) for n, p in named if n in keep}
+    for _, p in named:
+        p.requires_grad_(id(p) in train_ids)
+    return [n for n, p in named if id(p) in train_ids]

@@ -21,7 +21,7 @@ from gatedattn.train import distributed as D
 from gatedattn.train import rundir
 from gatedattn.train.config import TrainConfig
 from gatedattn.io import json_safe
-from gatedattn.train.loop import EvalHook, _check_data, train
+from gatedattn.train.loop import EvalHook, _check_data, check_trainable, train
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -34,6 +34,9 @@ def run_name(variant: str, lr: float, seed: int | None = None) -> str:
 def grid(base: TrainConfig, variants: Sequence[str], lrs: Sequence[float],
          seeds: Sequence[int] | None = None) -> list[TrainConfig]:
     """The configs of the grid, variant-major; each validated (unknown variants fail here)."""
+    if base.init_from is not None:
+        raise GatedAttnError("sweep trains every run from a fresh model; init_from is not supported (continue a "
+                             "model with gatedattn train --init-from)")
     if not variants:
         raise GatedAttnError("sweep needs at least one variant")
     if not lrs:
@@ -65,6 +68,7 @@ def _check_all(configs: list[TrainConfig], resume: bool, world: int) -> None:
     for cfg in configs:
         _check_data(data, cfg)
         model_cfg = cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
+        check_trainable(model_cfg, cfg.trainable)
         identity = rundir.run_identity(cfg, model_cfg, world, data)
         out = Path(cfg.out_dir)
         if resume:

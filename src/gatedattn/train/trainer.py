@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from gatedattn.data import TokenData
 from gatedattn.errors import GatedAttnError
-from gatedattn.model import GatedLM
+from gatedattn.model import GatedLM, ModelConfig
 from gatedattn.precision import resolve_dtype
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
@@ -41,7 +41,8 @@ from gatedattn.train import rundir
 from gatedattn.train.config import TrainConfig
 from gatedattn.train.divergence import step_reason
 from gatedattn.train.metrics import MetricsLog, SpikeTracker
-from gatedattn.train.optim import build_optimizer, lr_at
+from gatedattn.train.init_from import load_init_model
+from gatedattn.train.optim import build_optimizer, freeze, lr_at
 
 EvalHook = Callable[[torch.nn.Module, int, int], dict[str, float]]
 _RESERVED = frozenset({"kind", "step", "tokens", "val_loss", "val_ppl", "elapsed_s"})
@@ -117,16 +118,21 @@ class Trainer:
     ``resume=(model_state, trainer_state)`` continues from a checkpoint's contents.
     ``log`` (rank 0 of a run) receives the records; ``out`` is the run directory that
     :meth:`save` writes checkpoints into.
+
+    With ``cfg.init_from`` the model is that model (loaded here unless ``model`` is
+    given: :func:`gatedattn.train.init_from.load_init_model`); a resumed one is built from
+    ``model_cfg``, the ModelConfig its checkpoint records. ``cfg.trainable`` freezes the
+    parameters it does not name (:func:`gatedattn.train.optim.freeze`).
     """
 
     def __init__(self, cfg: TrainConfig, data: TokenData, *, env: D.DistEnv | None = None,
                  eval_hook: EvalHook | None = None, log: MetricsLog | None = None, out: Path | None = None,
                  resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
-                 model: torch.nn.Module | None = None):
+                 model: torch.nn.Module | None = None, model_cfg: ModelConfig | None = None):
         self.cfg, self.data, self.eval_hook, self.log, self.out = cfg, data, eval_hook, log, out
         self.env = env if env is not None else local_env(cfg.device)
         world = self.env.world_size
-        self.model_cfg = cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
+        model, self.model_cfg = self._model_and_config(model, model_cfg, resumed=resume is not None)
         self.total = cfg.total_steps(world)
         self.end = min(self.total, cfg.stop_at_step) if cfg.stop_at_step is not None else self.total
         self.global_batch = cfg.global_batch(world)
@@ -141,6 +147,7 @@ class Trainer:
         if resume is not None:
             self.state.load_state_dict(resume[1])
             self.model.load_state_dict(resume[0], strict=False)  # tied lm_head shares embed
+        self.trainable = freeze(self.model, cfg.trainable)  # (names) the rest get no gradient, no update
         self.model.to(self.env.device)
         self._checkpoint_activations(cfg.activation_checkpointing)
         self.compiled = False
@@ -154,6 +161,23 @@ class Trainer:
             ckpt_mod.set_rng_state(resume[1]["rng"])
         self.spikes = SpikeTracker(cfg.spike_window, cfg.spike_margin, self.state.losses[-cfg.spike_window:])
         self._elapsed_before, self._t_start = self.state.elapsed_s, time.perf_counter()
+
+    def _model_and_config(self, model: torch.nn.Module | None, model_cfg: ModelConfig | None,
+                          resumed: bool) -> tuple[torch.nn.Module | None, ModelConfig]:
+        """The model given (None: build one) and the run's ModelConfig: ``model_cfg`` when
+        given, else the recipe's, or with ``init_from`` the init model's (loaded here
+        unless given; a resumed run needs ``model_cfg``, what its checkpoint records)."""
+        cfg, data = self.cfg, self.data
+        if model_cfg is not None:
+            return model, model_cfg
+        if cfg.init_from is None:
+            return model, cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
+        if model is None and resumed:
+            raise GatedAttnError("Trainer: resuming an init_from run needs model_cfg (the ModelConfig its "
+                                 "checkpoint records)")
+        if model is None:
+            model = load_init_model(cfg, data)
+        return model, model.cfg
 
     def set_compiled(self, on: bool) -> None:
         """torch.compile the model in place (``nn.Module.compile``: the wrapper, the state
