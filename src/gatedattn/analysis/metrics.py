@@ -21,14 +21,17 @@ from gatedattn.train.divergence import DIVERGE_FACTOR, first_divergence
 
 __all__ = [
     "AttentionStats",
+    "FirstPositionNorms",
     "GateStats",
     "GateSummary",
     "MassiveActivation",
     "Stat",
+    "TopActivations",
     "differs_beyond_noise",
     "diverged",
     "first_token_attention",
     "first_token_attention_per_head",
+    "first_position_norm_ratio",
     "gate_statistics",
     "loss_spikes",
     "massive_activation",
@@ -188,6 +191,120 @@ def massive_activation(hidden: Tensor) -> MassiveActivation:
     return MassiveActivation(
         max_abs=max_abs, median_abs=median_abs, ratio=ratio, batch=b, position=t, channel=d
     )
+
+
+def _position_norms(x: Tensor) -> Tensor:
+    """Check ``x`` is (B, G, T, D) and return the L2 norm of every position, (B, G, T) float64."""
+    if x.dim() != 4 or x.shape[2] == 0 or x.shape[0] == 0:
+        raise ValueError(f"states must be a non-empty (B, G, T, D) tensor; got shape {tuple(x.shape)}")
+    return x.detach().to(torch.float64).norm(dim=-1)
+
+
+def first_position_norm_ratio(x: Tensor) -> Tensor:
+    """How the first position's state compares in size with the others, per group.
+
+    x: (B, G, T, D) states, G groups (attention heads of the value states; 1 for the
+    residual stream). Returns (G,) float64: ``mean_b ||x[b, g, 0]|| / mean_{b, i >= 1}
+    ||x[b, g, i]||`` (L2 norms over D). Below 1 the first position's value is drained
+    (Guo et al. 2024: a sink's value shrinks); above 1 its state peaks. NaN when T == 1.
+    """
+    norms_BGT = _position_norms(x)
+    if norms_BGT.shape[-1] < 2:
+        return torch.full((norms_BGT.shape[1],), math.nan, dtype=torch.float64)
+    return (norms_BGT[..., 0].mean(dim=0) / norms_BGT[..., 1:].mean(dim=(0, 2))).cpu()
+
+
+class FirstPositionNorms:
+    """Streaming :func:`first_position_norm_ratio` over many batches.
+
+    Keeps per-group float64 sums of ``||x_0||`` and of ``||x_i||`` (i >= 1) with their
+    counts, so the result equals the one-shot function on the batches concatenated along
+    B (batches may differ in T; each position then counts once).
+    """
+
+    def __init__(self) -> None:
+        self._first_sum: Tensor | None = None  # (G,) sum over sequences of ||x_0||
+        self._rest_sum: Tensor | None = None  # (G,) sum over sequences and i >= 1 of ||x_i||
+        self._first_count = 0  # sequences seen per group
+        self._rest_count = 0  # positions i >= 1 seen per group
+
+    def update(self, x: Tensor) -> None:
+        """Add one batch of states, (B, G, T, D)."""
+        norms_BGT = _position_norms(x)
+        B, G, T = norms_BGT.shape
+        if self._first_sum is not None and self._first_sum.shape[0] != G:
+            raise ValueError(f"FirstPositionNorms saw {self._first_sum.shape[0]} groups before, now {G}")
+        first = norms_BGT[..., 0].sum(dim=0).cpu()
+        rest = norms_BGT[..., 1:].sum(dim=(0, 2)).cpu()
+        self._first_sum = first if self._first_sum is None else self._first_sum + first
+        self._rest_sum = rest if self._rest_sum is None else self._rest_sum + rest
+        self._first_count += B
+        self._rest_count += B * (T - 1)
+
+    def _sums(self) -> tuple[Tensor, Tensor]:
+        if self._first_sum is None or self._rest_sum is None:
+            raise ValueError("FirstPositionNorms has no data; call update() first")
+        return self._first_sum, self._rest_sum
+
+    def per_group(self) -> Tensor:
+        """(G,) ratio per group over everything seen (NaN when no position i >= 1 was seen)."""
+        first, rest = self._sums()
+        if self._rest_count == 0:
+            return torch.full_like(first, math.nan)
+        return (first / self._first_count) / (rest / self._rest_count)
+
+    def overall(self) -> float:
+        """The ratio with all groups pooled: mean over (sequence, group) of ``||x_0||`` over
+        the mean over (sequence, group, i >= 1) of ``||x_i||``."""
+        first, rest = self._sums()
+        if self._rest_count == 0:
+            return math.nan
+        return float((first.sum() / self._first_count) / (rest.sum() / self._rest_count))
+
+
+class TopActivations:
+    """Streaming model-wide top ``k`` of |h| over (layer, position, channel).
+
+    For every (layer, position, channel) the largest |h| over all sequences counts (with
+    the sequence it sits in and its signed value); the ``k`` largest of those are kept.
+    Exact up to ties: a batch passes on its own top ``k`` per layer, and an entry outside
+    a batch's top ``k`` is beaten by ``k`` entries that are at least as large.
+    """
+
+    def __init__(self, k: int = 5) -> None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1; got {k}")
+        self.k = k
+        self._best: dict[tuple[int, int, int], tuple[float, float, int]] = {}  # key -> (|h|, h, sequence)
+        self._sequences: dict[int, int] = {}  # layer -> sequences seen
+
+    def update(self, layer: int, hidden: Tensor) -> None:
+        """Add one batch of the residual stream of ``layer``, (B, T, C)."""
+        if hidden.dim() != 3 or hidden.numel() == 0:
+            raise ValueError(f"hidden must be a non-empty (B, T, D) tensor; got {tuple(hidden.shape)}")
+        h = hidden.detach()
+        abs_BTC = h.abs().to(torch.promote_types(h.dtype, torch.float32))
+        top_TC, seq_TC = abs_BTC.max(dim=0)
+        C = top_TC.shape[1]
+        values, flat = top_TC.reshape(-1).topk(min(self.k, top_TC.numel()))
+        offset = self._sequences.get(layer, 0)
+        for a, i in zip(values.tolist(), flat.tolist(), strict=True):
+            t, c = divmod(i, C)
+            b = int(seq_TC[t, c])
+            key = (layer, t, c)
+            if key not in self._best or a > self._best[key][0]:
+                self._best[key] = (a, float(h[b, t, c]), offset + b)
+        self._sequences[layer] = offset + h.shape[0]
+        self._best = dict(self._ranked()[: self.k])
+
+    def _ranked(self) -> list[tuple[tuple[int, int, int], tuple[float, float, int]]]:
+        return sorted(self._best.items(), key=lambda kv: (-kv[1][0], kv[0]))
+
+    def top(self) -> list[dict[str, float | int]]:
+        """The entries, largest |h| first: ``layer``, ``channel``, ``position``, ``sequence``,
+        ``value`` (signed h)."""
+        return [{"layer": layer, "channel": c, "position": t, "sequence": seq, "value": value}
+                for (layer, t, c), (_, value, seq) in self._ranked()]
 
 
 # --------------------------------------------------------------------------- gates

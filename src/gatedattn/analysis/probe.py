@@ -5,7 +5,9 @@ Two layers of API:
 - :func:`hooked` is a context manager that runs every layer with a :class:`ProbeCore`
   (through ``Attention.with_core``) and registers forward hooks that hand tensors to
   callbacks: ``on_probs(layer, probs)`` with the attention probabilities (B, H, Tq, Tk) of
-  one layer, ``on_hidden(layer, h)`` with the residual stream after the layer (B, T, C),
+  one layer, ``on_values(layer, v)`` with the value states (B, Hkv, T, Dv) the layer's
+  attention mixes (after the value projection and a g2 gate, before attention),
+  ``on_hidden(layer, h)`` with the residual stream after the layer (B, T, C),
   ``on_gate(layer, name, scores)`` with the output of every ``GateScore`` of the layer's
   gate (``name`` is its path inside the gate: ``score``, ``h_score``, ``c.score``).
   Callbacks see each tensor while the layer runs and must not keep it, so at most one
@@ -30,7 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gatedattn.analysis.metrics import AttentionStats, GateStats, massive_activation
+from gatedattn.analysis.metrics import (AttentionStats, FirstPositionNorms, GateStats, TopActivations,
+                                        massive_activation)
 from gatedattn.attention import Attention
 from gatedattn.errors import GatedAttnError
 from gatedattn.gates import GateScore
@@ -41,19 +44,23 @@ __all__ = ["LayerActivations", "Probe", "ProbeCore", "attention_layers", "hooked
 
 class ProbeCore(nn.Module):
     """An attention core for analysis: the reference core, with its probabilities
-    (B, H, Tq, Tk) passed through ``self.probs`` (an identity module) so that a forward
-    hook can read them. Use it with ``Attention.with_core``."""
+    (B, H, Tq, Tk) passed through ``self.probs`` and its value states (B, Hkv, Tk, Dv)
+    through ``self.values`` (identity modules) so that forward hooks can read them. Use it
+    with ``Attention.with_core``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.probs = nn.Identity()
+        self.values = nn.Identity()
 
     def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None):
+        v = self.values(v)
         probs = self.probs(attention_probs_reference(q, k, sink, q_offset=q_offset, scale=scale))
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         return (probs @ v.float()).to(q.dtype)
 
 ProbsCallback = Callable[[int, Tensor], None]
+ValuesCallback = Callable[[int, Tensor], None]
 HiddenCallback = Callable[[int, Tensor], None]
 GateCallback = Callable[[int, str, Tensor], None]
 
@@ -76,10 +83,12 @@ def hooked(
     on_probs: ProbsCallback | None = None,
     on_hidden: HiddenCallback | None = None,
     on_gate: GateCallback | None = None,
+    on_values: ValuesCallback | None = None,
 ) -> Iterator[nn.Module]:
     """Run the body with analysis hooks on ``model``; see the module docstring.
 
-    Layers run with a ``ProbeCore`` only when ``on_probs`` is given. Yields the model.
+    Layers run with a ``ProbeCore`` only when ``on_probs`` or ``on_values`` is given.
+    Yields the model.
     """
     blocks = attention_layers(model)
     handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -87,11 +96,14 @@ def hooked(
         stack.callback(lambda: [h.remove() for h in handles])
         for i, block in enumerate(blocks):
             attn: Attention = block.attn
-            if on_probs is not None:
+            if on_probs is not None or on_values is not None:
                 probe = stack.enter_context(attn.with_core(ProbeCore()))
-                handles.append(probe.probs.register_forward_hook(_probs_hook(i, on_probs)))
+                if on_probs is not None:
+                    handles.append(probe.probs.register_forward_hook(_output_hook(i, on_probs)))
+                if on_values is not None:
+                    handles.append(probe.values.register_forward_hook(_output_hook(i, on_values)))
             if on_hidden is not None:
-                handles.append(block.register_forward_hook(_hidden_hook(i, on_hidden)))
+                handles.append(block.register_forward_hook(_output_hook(i, on_hidden)))
             if on_gate is not None and attn.gate is not None:
                 handles += _gate_hooks(block, i, on_gate)
         yield model
@@ -109,14 +121,8 @@ def _gate_hooks(block: nn.Module, layer: int, on_gate: GateCallback) -> list[tor
     return handles
 
 
-def _probs_hook(layer: int, fn: ProbsCallback):
-    def hook(module, inputs, output):
-        fn(layer, output.detach())
-
-    return hook
-
-
-def _hidden_hook(layer: int, fn: HiddenCallback):
+def _output_hook(layer: int, fn: Callable[[int, Tensor], None]):
+    """A forward hook that hands the module's output (detached) to ``fn(layer, output)``."""
     def hook(module, inputs, output):
         fn(layer, output.detach())
 
@@ -152,6 +158,7 @@ class LayerActivations:
     def __init__(self) -> None:
         self.max_abs = -math.inf
         self.where: tuple[int, int, int] | None = None  # (sequence, position, channel)
+        self.value = math.nan  # the signed h at ``where``
         self.medians: list[float] = []
         self.sequences = 0
 
@@ -160,6 +167,7 @@ class LayerActivations:
         if m["max_abs"] > self.max_abs or self.where is None:
             self.max_abs = m["max_abs"]
             self.where = (self.sequences + m["batch"], m["position"], m["channel"])
+            self.value = float(hidden[m["batch"], m["position"], m["channel"]])
         self.medians.append(m["median_abs"])
         self.sequences += hidden.shape[0]
 
@@ -182,6 +190,12 @@ class Probe:
     - ``sink_mass(i)``: mean probability on the learnable sink (None without one), i.e.
       the mass missing from each row of the probabilities, averaged over (B, H, query);
     - ``activations[i]``: a ``LayerActivations`` (M-Act and its ratio to the median);
+    - ``values[i]``: a ``FirstPositionNorms`` of the layer's value states, one group per KV
+      head (the value drain at the first position);
+    - ``residual[i]``: a ``FirstPositionNorms`` of the layer's residual-stream output, one
+      group (the residual peak at the first position);
+    - ``top_activations``: a ``TopActivations`` over all layers (the largest |h|, with the
+      channel, layer and position that carry them; ``n_top`` of them);
     - ``gates[i]``: ``{score name: GateStats}`` (empty for an ungated layer);
     - ``maps[i]``: the head-averaged attention map of the first sequence seen, cropped to
       ``map_size`` x ``map_size`` (float32 numpy), for the layers in ``map_layers``.
@@ -194,9 +208,11 @@ class Probe:
         attention: bool = True,
         hidden: bool = True,
         gates: bool = True,
+        values: bool = True,
         map_layers: Sequence[int] = (),
         map_size: int = 64,
         n_bins: int = 100,
+        n_top: int = 5,
     ) -> None:
         self.model = model
         n_layers = len(attention_layers(model))
@@ -207,24 +223,28 @@ class Probe:
         self.map_layers = tuple(map_layers)
         self.map_size = map_size
         self.n_bins = n_bins
-        self._want = (attention, hidden, gates)
+        self._want = (attention, hidden, gates, values)
         self.attention = [AttentionStats() for _ in range(n_layers)]
         self._sink_sum = [0.0] * n_layers
         self._sink_count = [0] * n_layers
         self.has_sink = [attn.sink is not None for attn in (b.attn for b in model.blocks)]
         self.activations = [LayerActivations() for _ in range(n_layers)]
+        self.values = [FirstPositionNorms() for _ in range(n_layers)]
+        self.residual = [FirstPositionNorms() for _ in range(n_layers)]
+        self.top_activations = TopActivations(n_top)
         self.gates: list[dict[str, GateStats]] = [{} for _ in range(n_layers)]
         self.maps: dict[int, np.ndarray] = {}
         self._ctx: contextlib.AbstractContextManager | None = None
 
     # context ---------------------------------------------------------------
     def __enter__(self) -> Probe:
-        attention, hidden, gates = self._want
+        attention, hidden, gates, values = self._want
         self._ctx = hooked(
             self.model,
             on_probs=self._on_probs if attention else None,
             on_hidden=self._on_hidden if hidden else None,
             on_gate=self._on_gate if gates else None,
+            on_values=self._on_values if values else None,
         )
         self._ctx.__enter__()
         return self
@@ -245,8 +265,13 @@ class Probe:
             n = self.map_size
             self.maps[layer] = probs[0, :, :n, :n].float().mean(dim=0).cpu().numpy()
 
+    def _on_values(self, layer: int, values: Tensor) -> None:
+        self.values[layer].update(values)
+
     def _on_hidden(self, layer: int, hidden: Tensor) -> None:
         self.activations[layer].update(hidden)
+        self.residual[layer].update(hidden[:, None])
+        self.top_activations.update(layer, hidden)
 
     def _on_gate(self, layer: int, name: str, scores: Tensor) -> None:
         stats = self.gates[layer].get(name)
