@@ -1,10 +1,13 @@
-"""Analysis: metric functions (re-exported here) and plots (``gatedattn.analysis.plots``).
+"""Analysis: metric functions (re-exported here), :func:`analyze`, analysis windows
+(:mod:`~gatedattn.analysis.windows`: one document each, the chosen first token) and plots
+(``gatedattn.analysis.plots``).
 
 ``plots`` is not imported here, so using the metrics does not import matplotlib.
 """
 
 from gatedattn.analysis.metrics import (
     AttentionStats,
+    FirstPositionNorms,
     GateStats,
     GateSummary,
     MassiveActivation,
@@ -12,6 +15,7 @@ from gatedattn.analysis.metrics import (
     diverged,
     first_token_attention,
     first_token_attention_per_head,
+    first_position_norm_ratio,
     gate_statistics,
     loss_spikes,
     massive_activation,
@@ -19,6 +23,17 @@ from gatedattn.analysis.metrics import (
     sink_fraction,
     sink_fraction_per_layer,
     sink_scores,
+    TopActivations,
+)
+from gatedattn.analysis.windows import (
+    FirstToken,
+    document_windows,
+    model_tokenizer,
+    resolve_first_token,
+    stream_documents,
+    text_documents,
+    tokenize_documents,
+    val_documents,
 )
 from gatedattn.analysis.analyze import (  # noqa: E402  (after the metrics it uses)
     analyze,
@@ -31,15 +46,24 @@ from gatedattn.analysis.analyze import (  # noqa: E402  (after the metrics it us
 from gatedattn.analysis.probe import Probe, hooked  # noqa: E402
 
 __all__ = [
+    "FirstToken",
     "Probe",
     "analyze",
+    "document_windows",
     "extrapolate",
     "extrapolation_curves",
     "format_analysis",
     "format_extrapolation",
     "hooked",
     "load_any",
+    "model_tokenizer",
+    "resolve_first_token",
+    "stream_documents",
+    "text_documents",
+    "tokenize_documents",
+    "val_documents",
     "AttentionStats",
+    "FirstPositionNorms",
     "GateStats",
     "GateSummary",
     "MassiveActivation",
@@ -47,6 +71,7 @@ __all__ = [
     "diverged",
     "first_token_attention",
     "first_token_attention_per_head",
+    "first_position_norm_ratio",
     "gate_statistics",
     "loss_spikes",
     "massive_activation",
@@ -54,4 +79,5 @@ __all__ = [
     "sink_fraction",
     "sink_fraction_per_layer",
     "sink_scores",
+    "TopActivations",
 ]

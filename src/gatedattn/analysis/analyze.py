@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from gatedattn.analysis.metrics import SINK_EPS, GateStats, sink_fraction, sink_fraction_per_layer
 from gatedattn.analysis.probe import Probe, attention_layers
+from gatedattn.analysis.windows import FirstToken
 from gatedattn.config import RopeConfig
 from gatedattn.errors import GatedAttnError
 from gatedattn.fmt import finite_or_none, fmt_value
@@ -53,15 +54,18 @@ EXTRAPOLATION_METHODS = ("plain", "linear", "ntk", "yarn")
 
 
 def load_any(directory: str | Path, *, device: str | torch.device = "cpu") -> nn.Module:
-    """Load a checkpoint directory as a ``GatedLM``.
+    """Load a checkpoint directory (or a GGUF file) as a ``GatedLM``.
 
     A ``config.json`` with ``model_type: gatedattn`` is read by ``GatedLM.from_pretrained``;
-    any other model type goes to ``gatedattn.hf.load_model`` (HF Qwen3 / Qwen2 / Llama,
-    Qwen3-Next, the official gated-attention layout).
+    any other model type, a ``.gguf`` file and a directory holding one (and no
+    ``config.json``) go to ``gatedattn.hf.load_model`` (HF Qwen3 / Qwen2 / Llama,
+    Qwen3-Next, the official gated-attention layout, GGUF).
     """
     from gatedattn.model import CONFIG_FILE, MODEL_TYPE, GatedLM
 
     directory = Path(directory)
+    if _is_gguf(directory, CONFIG_FILE):
+        return _hf_load_model("the file is GGUF")(directory).to(device)
     if not directory.is_dir():
         raise GatedAttnError(f"model directory not found: {directory}")
     config = directory / CONFIG_FILE
@@ -73,6 +77,18 @@ def load_any(directory: str | Path, *, device: str | torch.device = "cpu") -> nn
         raise GatedAttnError(f"{config} is not a valid JSON object: {e}") from None
     if model_type == MODEL_TYPE:
         return GatedLM.from_pretrained(directory, map_location=device)
+    return _hf_load_model(f"{config} has model_type={model_type!r}")(directory).to(device)
+
+
+def _is_gguf(path: Path, config_file: str) -> bool:
+    """A ``.gguf`` file, or a directory without ``config.json`` that holds one."""
+    if path.is_file() or not path.is_dir():
+        return path.suffix.lower() == ".gguf" and path.is_file()
+    return not (path / config_file).is_file() and any(p.suffix.lower() == ".gguf" for p in path.iterdir())
+
+
+def _hf_load_model(why: str):
+    """``gatedattn.hf.load_model``, or a one-line refusal saying ``why`` it was needed."""
     try:
         hf = importlib.import_module("gatedattn.hf")
     except ModuleNotFoundError as e:
@@ -80,11 +96,9 @@ def load_any(directory: str | Path, *, device: str | torch.device = "cpu") -> nn
             raise
         hf = None
     if getattr(hf, "load_model", None) is None:
-        raise GatedAttnError(
-            f"{config} has model_type={model_type!r}; loading non-gatedattn checkpoints needs "
-            f"gatedattn.hf.load_model, which this installation does not have"
-        )
-    return hf.load_model(directory).to(device)
+        raise GatedAttnError(f"{why}; loading non-gatedattn checkpoints needs gatedattn.hf.load_model, which this "
+                             f"installation does not have")
+    return hf.load_model
 
 
 # --------------------------------------------------------------------------- analyze
@@ -173,21 +187,42 @@ def analyze(
     eps: float = SINK_EPS,
     map_size: int = 64,
     n_bins: int = 100,
+    first_token: FirstToken | None = None,
+    n_top_channels: int = 5,
 ) -> dict[str, Any]:
     """Run ``model`` (eval, no grad) over token batches (B, T+1) and measure it.
 
     Inputs are ``batch[:, :-1]``, targets ``batch[:, 1:]``. The model is read only through
     hooks and ``Attention.with_core`` (see :mod:`gatedattn.analysis.probe`) and is restored
-    on return; its training mode is restored too.
+    on return; its training mode is restored too. For sink figures use windows of one
+    document each (:func:`gatedattn.analysis.windows.document_windows`): a separator token
+    inside a window is a second sink.
 
     ``layers_for_maps``: layers whose head-averaged attention map (first sequence, first
     ``map_size`` queries and keys) is returned; default first, middle and last.
+    ``first_token``: the :class:`~gatedattn.analysis.windows.FirstToken` the windows start
+    with (recorded; with a ``bos`` / ``id`` mode every window must start with its id).
+    ``n_top_channels``: how many model-wide largest activations ``m_act_channels`` lists.
 
     Returns a JSON-serialisable dict:
 
     - ``variant``, ``n_layers``, ``n_heads``, ``seq_len`` (T, None if batches differ),
       ``n_sequences``, ``n_tokens`` (predicted tokens), ``val_loss``, ``val_ppl``;
-    - ``f_attn`` (mean over layers), ``f_attn_per_layer``, ``f_attn_per_head`` (L x H);
+    - ``first_token``: ``{"mode", "id"}`` as given, or ``{"mode": "unspecified", "id": the
+      id every window starts with (None if they differ)}``; ``windows``: ``{"count",
+      "length"}`` (``n_sequences`` and ``seq_len``);
+    - ``f_attn`` (mean over layers), ``f_attn_per_layer``, ``f_attn_per_head`` (L x H:
+      per head, the mean attention on position 0 over queries 1..T-1);
+    - ``value_drain_per_head`` (L x Hkv) and ``value_drain_per_layer``: ``mean ||v_0|| /
+      mean over i >= 1 of ||v_i||`` of the value states the attention mixes (after the
+      value projection and a g2 gate, before attention; L2 norm per head, means over
+      sequences; per layer the heads pooled), below 1 when the first value is drained;
+    - ``residual_peak_per_layer``: the same ratio for the residual stream output of each
+      block (``||h_0|| / mean over i >= 1 of ||h_i||``, norms over channels);
+    - ``m_act_channels``: ``per_layer`` (one ``{layer, channel, position, sequence,
+      value}`` per layer: where its largest |h| sits, ``value`` the signed h) and ``top``
+      (the ``n_top_channels`` largest |h| of the model over (layer, position, channel),
+      each at its largest over sequences, largest first, same fields);
     - ``sink_eps`` (fraction of (layer, head) pairs with alpha > ``eps``),
       ``sink_eps_per_layer``, ``sink_alpha`` (L x H), ``eps``;
     - ``sink_mass`` / ``sink_mass_per_layer``: mean probability on the learnable sink
@@ -212,13 +247,21 @@ def analyze(
     vocab_size = getattr(cfg, "vocab_size", None)
     map_layers = default_map_layers(n_layers) if layers_for_maps is None else sorted(set(layers_for_maps))
     device = _model_device(model)
-    probe = Probe(model, map_layers=map_layers, map_size=map_size, n_bins=n_bins)
+    if isinstance(n_top_channels, bool) or not isinstance(n_top_channels, int) or n_top_channels < 1:
+        raise GatedAttnError(f"n_top_channels must be an integer >= 1, got {n_top_channels!r}")
+    if first_token is not None and not isinstance(first_token, FirstToken):
+        raise GatedAttnError(f"first_token must be a FirstToken (gatedattn.analysis.resolve_first_token) or None, "
+                             f"got {type(first_token).__name__}")
+    probe = Probe(model, map_layers=map_layers, map_size=map_size, n_bins=n_bins, n_top=n_top_channels)
 
     loss_sum, n_tokens, n_sequences = 0.0, 0, 0
     seq_lens: set[int] = set()
+    starts: set[int] = set()
     with _eval_mode(model), probe:
         for batch in batches:
-            batch = _check_batch(batch, vocab_size).to(device)
+            batch = _check_batch(batch, vocab_size)
+            starts.update(_first_ids(batch, first_token, n_sequences))
+            batch = batch.to(device)
             inputs, targets = batch[:, :-1], batch[:, 1:]
             loss_sum += float(_token_losses(model(inputs), targets).sum())
             n_tokens += targets.numel()
@@ -237,14 +280,46 @@ def analyze(
         "n_tokens": n_tokens,
         "val_loss": _num(val_loss),
         "val_ppl": _num(math.exp(val_loss) if val_loss < 700 else math.inf),
+        "first_token": _first_token_record(first_token, starts),
+        "windows": {"count": n_sequences, "length": next(iter(seq_lens)) if len(seq_lens) == 1 else None},
         **_attention_results(probe, eps),
         **_activation_results(probe),
+        **_first_position_results(probe),
     }
     result.update(_gate_results(probe))
     result["attention_maps"] = {
         str(i): [[round(float(p), 6) for p in row] for row in probe.maps[i]] for i in map_layers if i in probe.maps
     }
     return result
+
+
+def _first_ids(batch: Tensor, first_token: FirstToken | None, seen: int) -> set[int]:
+    """The ids at position 0 of ``batch``; with a ``bos`` / ``id`` first token, each must be its id."""
+    ids = set(batch[:, 0].tolist())
+    if first_token is not None and first_token.id is not None and ids != {first_token.id}:
+        row = seen + int((batch[:, 0] != first_token.id).nonzero()[0, 0])
+        raise GatedAttnError(f"window {row} starts with token {int(batch[row - seen, 0])}, not the first token "
+                             f"{first_token.id} ({first_token.mode}) given to analyze")
+    return ids
+
+
+def _first_token_record(first_token: FirstToken | None, starts: set[int]) -> dict[str, Any]:
+    if first_token is not None:
+        return first_token.to_dict()
+    return {"mode": "unspecified", "id": next(iter(starts)) if len(starts) == 1 else None}
+
+
+def _first_position_results(probe: Probe) -> dict[str, Any]:
+    acts = probe.activations
+    per_layer = [{"layer": i, "channel": a.where[2], "position": a.where[1], "sequence": a.where[0],
+                  "value": _num(a.value)} for i, a in enumerate(acts)]
+    top = [{**entry, "value": _num(entry["value"])} for entry in probe.top_activations.top()]
+    return {
+        "value_drain_per_layer": _nums(v.overall() for v in probe.values),
+        "value_drain_per_head": [_nums(v.per_group().tolist()) for v in probe.values],
+        "residual_peak_per_layer": _nums(r.overall() for r in probe.residual),
+        "m_act_channels": {"per_layer": per_layer, "top": top},
+    }
 
 
 def _attention_results(probe: Probe, eps: float) -> dict[str, Any]:
@@ -474,30 +549,53 @@ def _fmt(x: float | None, spec: str) -> str:
     return fmt_value(x, spec, missing="-")
 
 
+def _first_token_line(r: dict[str, Any]) -> str | None:
+    ft, windows = r.get("first_token"), r.get("windows")
+    if ft is None or windows is None:
+        return None
+    token = "no special token" if ft["mode"] == "none" else f"{ft['mode']} (id {_fmt(ft['id'], 'd')})"
+    return f"first token: {token}; {windows['count']} windows of {_fmt(windows['length'], 'd')} tokens"
+
+
+def _channel_line(r: dict[str, Any]) -> str | None:
+    top = (r.get("m_act_channels") or {}).get("top")
+    if not top:
+        return None
+    items = [f"channel {e['channel']} at position {e['position']} in layer {e['layer']} ({_fmt(e['value'], '.4g')})"
+             for e in top]
+    return "largest |h|: " + "; ".join(items)
+
+
 def format_analysis(r: dict[str, Any]) -> str:
     """A readable per-layer table of an :func:`analyze` result."""
     lines = [
         f"variant {r['variant']}: {r['n_layers']} layers, {r['n_heads']} heads; "
         f"{r['n_sequences']} sequences, {r['n_tokens']} tokens",
         f"val loss {_fmt(r['val_loss'], '.4f')}  ppl {_fmt(r['val_ppl'], '.2f')}",
-        "",
     ]
+    first = _first_token_line(r)
+    lines += ([first] if first is not None else []) + [""]
     sink = r.get("sink_mass_per_layer")
+    n = r["n_layers"]
+    drain = r.get("value_drain_per_layer") or [None] * n
+    peak = r.get("residual_peak_per_layer") or [None] * n
     sink_head = "sink a>" + format(r["eps"], "g")
-    header = f"{'layer':>5} {'F-Attn':>8} {sink_head:>10} {'M-Act':>10} {'ratio':>9} {'gate mean':>10}"
+    header = (f"{'layer':>5} {'F-Attn':>8} {sink_head:>10} {'M-Act':>10} {'ratio':>9} {'v0 drain':>9} "
+              f"{'h0 peak':>9} {'gate mean':>10}")
     header += f" {'sink mass':>10}" if sink is not None else ""
     lines += [header, "-" * len(header)]
-    gate_means = r.get("gate_mean_per_layer") or [None] * r["n_layers"]
-    for i in range(r["n_layers"]):
+    gate_means = r.get("gate_mean_per_layer") or [None] * n
+    for i in range(n):
         line = (f"{i:>5} {_fmt(r['f_attn_per_layer'][i], '.4f'):>8} {_fmt(r['sink_eps_per_layer'][i], '.3f'):>10} "
                 f"{_fmt(r['m_act_per_layer'][i], '.2f'):>10} {_fmt(r['m_act_ratio_per_layer'][i], '.1f'):>9} "
-                f"{_fmt(gate_means[i], '.4f'):>10}")
+                f"{_fmt(drain[i], '.3f'):>9} {_fmt(peak[i], '.2f'):>9} {_fmt(gate_means[i], '.4f'):>10}")
         if sink is not None:
             line += f" {_fmt(sink[i], '.4f'):>10}"
         lines.append(line)
     lines.append("-" * len(header))
     line = (f"{'all':>5} {_fmt(r['f_attn'], '.4f'):>8} {_fmt(r['sink_eps'], '.3f'):>10} "
-            f"{_fmt(r['m_act'], '.2f'):>10} {_fmt(r['m_act_ratio'], '.1f'):>9} {_fmt(r['gate_mean'], '.4f'):>10}")
+            f"{_fmt(r['m_act'], '.2f'):>10} {_fmt(r['m_act_ratio'], '.1f'):>9} {'':>9} {'':>9} "
+            f"{_fmt(r['gate_mean'], '.4f'):>10}")
     if sink is not None:
         line += f" {_fmt(r['sink_mass'], '.4f'):>10}"
     lines.append(line)
@@ -506,6 +604,9 @@ def format_analysis(r: dict[str, Any]) -> str:
                      f"below 0.001: {_fmt(r['gate_frac_below_0.001'], '.4f')} ({r['gate_count']} scores)")
     else:
         lines.append("no gate")
+    channels = _channel_line(r)
+    if channels is not None:
+        lines.append(channels)
     return "\n".join(lines)
 
 

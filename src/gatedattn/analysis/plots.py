@@ -29,10 +29,12 @@ __all__ = [
     "assign_colors",
     "plot_attention_maps",
     "plot_extrapolation",
+    "plot_first_token_map",
     "plot_gate_histograms",
     "plot_loss_curves",
     "plot_over_training",
     "plot_per_layer",
+    "plot_sink_profile",
     "variant_color",
 ]
 
@@ -305,6 +307,95 @@ def plot_attention_maps(
         ax.set(title=name, xlabel="key position", ylabel="query position")
     fig.colorbar(image, ax=list(axes), label="attention probability", shrink=0.9)
     fig.suptitle(title)
+    return _save(fig, path)
+
+
+# --------------------------------------------------------------------------- sink figures
+
+
+def _floats(values: Sequence[float | None]) -> np.ndarray:
+    """A list (or nested lists) of floats with None (a JSON result's missing value) as NaN."""
+    def conv(v):
+        return [conv(x) for x in v] if isinstance(v, (list, tuple)) else (np.nan if v is None else v)
+
+    return np.asarray(conv(list(values)), dtype=np.float64)
+
+
+def plot_first_token_map(
+    result: Mapping,
+    path: PathLike,
+    title: str | None = None,
+    figsize: tuple[float, float] | None = None,
+) -> Path:
+    """A layer x head heat map of first-token attention (``f_attn_per_head`` of an
+    ``analyze`` result: per head, the mean attention on position 0 over queries 1..T-1),
+    on the fixed scale [0, 1]; layer 0 is the top row. Small maps carry their values."""
+    heads = result.get("f_attn_per_head")
+    if not heads:
+        raise ValueError("plot_first_token_map: the result has no f_attn_per_head")
+    a = _floats(heads)
+    if a.ndim != 2:
+        raise ValueError("plot_first_token_map: f_attn_per_head must be a layer x head table")
+    L, H = a.shape
+    fig = _figure(figsize or (max(4.0, 0.5 * H + 2.2), max(3.0, 0.32 * L + 1.6)))
+    ax = fig.add_subplot()
+    image = ax.imshow(np.ma.masked_invalid(a), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest",
+                      aspect="auto")
+    if L * H <= 300:
+        for (i, j), v in np.ndenumerate(a):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if v < 0.5 else "black")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="head", ylabel="layer",
+           title=title or f"{result.get('variant', '')}: attention on the first token per head".lstrip(": "))
+    fig.colorbar(image, ax=ax, label="F-Attn (queries 1..T-1)")
+    return _save(fig, path)
+
+
+def _uniform_f_attn(seq_len: object) -> float | None:
+    """F-Attn of uniform causal attention over ``seq_len`` positions: mean over queries
+    i = 1..T-1 of 1 / (i + 1) (docs/design.md section 4)."""
+    if not isinstance(seq_len, int) or seq_len < 2:
+        return None
+    return sum(1.0 / (i + 1) for i in range(1, seq_len)) / (seq_len - 1)
+
+
+def plot_sink_profile(
+    result: Mapping,
+    path: PathLike,
+    title: str | None = None,
+    figsize: tuple[float, float] = (7.0, 7.5),
+) -> Path:
+    """Three panels per layer of an ``analyze`` result, sharing the layer axis: F-Attn
+    (dotted: uniform causal attention), the value drain ``||v_0|| / mean ||v_i||`` and the
+    residual peak ``||h_0|| / mean ||h_i||`` (log scale; dotted: 1, no difference)."""
+    f_attn = result.get("f_attn_per_layer")
+    if not f_attn:
+        raise ValueError("plot_sink_profile: the result has no f_attn_per_layer")
+    name = str(result.get("variant", ""))
+    color = variant_color(name)
+    panels = (("f_attn_per_layer", "F-Attn", False), ("value_drain_per_layer", "value drain |v0| / |vi|", True),
+              ("residual_peak_per_layer", "residual peak |h0| / |hi|", True))
+    fig = _figure(figsize)
+    axes = fig.subplots(3, 1, sharex=True)
+    for ax, (key, label, log) in zip(axes, panels, strict=True):
+        ys = _floats(result.get(key) or [None] * len(f_attn))
+        ax.plot(np.arange(len(ys)), ys, color=color, marker="o", ms=3.5, label=name or None)
+        if log:
+            ax.axhline(1.0, color="0.5", lw=0.8, ls=":")
+            _log_y(ax)
+        ax.set(ylabel=label)
+        ax.grid(alpha=0.3)
+    uniform = _uniform_f_attn(result.get("seq_len"))
+    if uniform is not None:
+        axes[0].axhline(uniform, color="0.5", lw=0.8, ls=":", label="uniform")
+    axes[0].set_ylim(0.0, 1.0)
+    _legend(axes[0])
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1].set(xlabel="layer")
+    fig.suptitle(title or f"{name}: the first position per layer".lstrip(": "))
     return _save(fig, path)
 
 
