@@ -23,6 +23,7 @@ from gatedattn.analysis.metrics import first_token_attention, massive_activation
 from gatedattn.analysis.probe import Probe, hooked
 from gatedattn.config import RopeConfig
 from gatedattn.analysis.probe import ProbeCore
+from gatedattn.analysis.windows import document_windows, val_documents
 from gatedattn.data import TokenData, prepare
 from gatedattn.errors import GatedAttnError
 from gatedattn.model import GatedLM, ModelConfig
@@ -414,7 +415,8 @@ def test_cli_analyze_json(cli, capsys, model_dir, data_dir, tmp_path):
               "--plots", str(tmp_path / "plots")])
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
-    names = {"f_attn_per_layer.png", "m_act_per_layer.png", "attention_maps.png", "gate_histogram.png"}
+    names = {"f_attn_per_layer.png", "m_act_per_layer.png", "attention_maps.png", "gate_histogram.png",
+             "first_token_map.png", "sink_profile.png"}
     assert {p.name for p in (tmp_path / "plots").iterdir()} == names
     assert sorted(Path(p).name for p in r.pop("plots")) == sorted(names)
     assert json.loads(out.read_text()).pop("plots") is not None
@@ -424,9 +426,13 @@ def test_cli_analyze_json(cli, capsys, model_dir, data_dir, tmp_path):
     written = json.loads(out.read_text())
     written.pop("plots")
     assert written == r
-    # the same windows through the Python API give the same numbers
-    direct = analyze(load_any(model_dir), TokenData(data_dir).val_batches(seq_len=16, batch_size=2, max_batches=2),
-                     layers_for_maps=[0, 1])
+    data = TokenData(data_dir)
+    assert r["first_token"] == {"mode": "bos", "id": data.bos_id}
+    assert r["windows"] == {"count": 4, "length": 16, "source": "data", "data": str(data_dir),
+                            "documents": data.manifest.val.documents, "seed": 0}
+    # the same windows (one validation document each) through the Python API give the same numbers
+    windows = document_windows(val_documents(data), 16, 4, data.bos_id)
+    direct = analyze(load_any(model_dir), windows.split(2), layers_for_maps=[0, 1])
     assert r["f_attn"] == direct["f_attn"] and r["val_loss"] == direct["val_loss"]
 
 
@@ -479,3 +485,23 @@ def test_load_any_reads_our_format_and_rejects_unknown(tmp_path, data):
     (other / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
     with pytest.raises(GatedAttnError):
         load_any(other)
+
+
+def test_load_any_sends_gguf_paths_to_the_hf_loader(tmp_path, monkeypatch):
+    """A .gguf file, or a directory with one and no config.json, goes to gatedattn.hf.load_model."""
+    import gatedattn.hf
+
+    seen = []
+    monkeypatch.setattr(gatedattn.hf, "load_model", lambda path: seen.append(path) or torch.nn.Linear(1, 1),
+                        raising=False)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    load_any(tmp_path / "m.gguf")
+    load_any(tmp_path)
+    assert seen == [tmp_path / "m.gguf", tmp_path]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))  # a config wins over the .gguf
+    load_any(tmp_path)
+    assert seen == [tmp_path / "m.gguf", tmp_path, tmp_path]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gatedattn"}))
+    with pytest.raises(GatedAttnError):  # our own format: GatedLM.from_pretrained, not the hf loader
+        load_any(tmp_path)
+    assert len(seen) == 3

@@ -1,8 +1,8 @@
 """``gatedattn analyze`` and ``gatedattn extrapolate``.
 
-    gatedattn analyze --model DIR [--data DATA_DIR] [--seq-len N] [--batches K]
-                      [--batch-size B] [--layers 2,3] [--eps 0.3] [--device D]
-                      [--json] [--out FILE] [--plots DIR]
+    gatedattn analyze --model DIR [--data DATA_DIR | --text PATH...] [--first-token bos|none|ID]
+                      [--seq-len N] [--batches K] [--batch-size B] [--seed S]
+                      [--layers 2,3] [--eps 0.3] [--device D] [--json] [--out FILE] [--plots DIR]
     gatedattn extrapolate --model DIR [--data DATA_DIR] [--train-len N]
                       [--multiples 1,2,4,8] [--methods plain,ntk,yarn] [--tokens N]
                       [--batch-size B] [--device D] [--json] [--out FILE] [--plot FILE]
@@ -12,7 +12,14 @@ through ``gatedattn.hf``). ``--data`` is a directory written by ``gatedattn data
 whose tokenizer matches the model; it may be left out for a model that ``gatedattn train``
 wrote (``RUN/final`` or ``RUN/checkpoints/step_N``): the data directory recorded in the
 run (``train.data_dir`` of the model's ``checkpoint.json`` or of ``RUN/config.json``) is
-used. Validation windows are the data's fixed ``val_batches``.
+used. ``analyze --text`` reads raw text instead (``.txt`` / ``.md`` files, one document
+each, or a ``.jsonl`` with a ``text`` field) and tokenizes it with the model's own
+tokenizer; no data directory is needed.
+
+``analyze`` windows hold one document stretch each, with ``--first-token`` first and no
+separator inside (:mod:`gatedattn.analysis.windows`): ``--batches x --batch-size`` windows
+of ``--seq-len`` positions, drawn by ``--seed`` from the data's validation documents or
+the texts. ``extrapolate`` measures loss on the data's fixed ``val_batches``.
 """
 
 from __future__ import annotations
@@ -67,6 +74,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 
@@ -169,19 +186,63 @@ def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
     print(json.dumps(result) if args.json else text)
 
 
+def _text_source(args: argparse.Namespace, cfg):
+    """(the model's tokenizer, the ``TokenData`` of ``--data`` or None for ``--text``); the
+    data is checked as ``_load`` checks it: val stream, tokenizer, vocabulary."""
+    from gatedattn.analysis.windows import model_tokenizer
+    from gatedattn.data import TokenData
+
+    if args.text is not None:
+        return model_tokenizer(args.model), None
+    data = TokenData(_data_dir(args), verify=("val",))
+    _check_same_tokenizer(Path(args.model), data, args.force)
+    if data.vocab_size > cfg.vocab_size:
+        raise GatedAttnError(
+            f"the data's tokenizer has {data.vocab_size} tokens but the model's vocabulary has {cfg.vocab_size}; "
+            f"prepare the data with the model's tokenizer (gatedattn data prepare --tokenizer ...)"
+        )
+    return data.tokenizer(), data
+
+
+def _analysis_windows(args: argparse.Namespace):
+    """Everything ``analyze`` checks and builds before the weights are read: the model
+    directory and config, the first token, the documents, the windows. Returns
+    (windows (N, T+1), FirstToken, where the windows came from)."""
+    from gatedattn.analysis.windows import (document_windows, resolve_first_token, text_documents,
+                                            tokenize_documents, tokenizer_bos, val_documents)
+    from gatedattn.hf.load import load_config, verify_model_dir
+
+    if not Path(args.model).exists():  # a directory, or a GGUF file
+        raise GatedAttnError(f"model directory not found: {args.model}")
+    verify_model_dir(args.model)  # config, tokenizer and the manifest's other files (weights: as they are read)
+    cfg = load_config(args.model)
+    tokenizer, data = _text_source(args, cfg)
+    first = resolve_first_token(args.first_token, cfg, tokenizer_bos=tokenizer_bos(args.model, tokenizer))
+    if data is not None:
+        docs, source = val_documents(data), {"source": "data", "data": str(data.data_dir)}
+    else:
+        docs = tokenize_documents(tokenizer, text_documents(args.text))
+        source = {"source": "text", "text": [str(p) for p in args.text]}
+    seq_len = args.seq_len or min(cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
+    windows = document_windows(docs, seq_len, args.batches * args.batch_size, first.id, seed=args.seed)
+    return windows, first, {**source, "documents": len(docs), "seed": args.seed}
+
+
 def _run_analyze(args: argparse.Namespace) -> int:
-    from gatedattn.analysis.analyze import analyze, format_analysis
+    from gatedattn.analysis.analyze import analyze, format_analysis, load_any
 
     if not 0.0 < args.eps < 1.0:
         raise GatedAttnError(f"--eps {args.eps}: the sink threshold is an attention weight, in (0, 1)")
     _check_outputs(args)
     with interruptible(_STOPPED):
-        model, data = _load(args)
-        seq_len = args.seq_len or min(model.cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
-        batches = data.val_batches(seq_len=seq_len, batch_size=args.batch_size, max_batches=args.batches)
-        result = analyze(model, batches, layers_for_maps=args.layers, eps=args.eps)
+        device = _device(args.device)
+        windows, first, source = _analysis_windows(args)
+        model = load_any(args.model, device=device)
+        result = analyze(model, windows.split(args.batch_size), layers_for_maps=args.layers, eps=args.eps,
+                         first_token=first)
     result["model"] = str(args.model)
-    result["data"] = str(data.data_dir)
+    result["data"] = source.get("data")
+    result["windows"].update(source)
     if args.plots is not None:
         result["plots"] = [str(p) for p in _analysis_plots(result, Path(args.plots))]
     _emit(args, result, format_analysis(result))
@@ -199,6 +260,8 @@ def _analysis_plots(r: dict[str, Any], out: Path) -> list[Path]:
                              ylabel="F-Attn", title="Attention on the first token"),
         plots.plot_per_layer({name: r["m_act_per_layer"]}, out / "m_act_per_layer.png",
                              ylabel="max |h|", title="Massive activation", log=True),
+        plots.plot_first_token_map(r, out / "first_token_map.png"),
+        plots.plot_sink_profile(r, out / "sink_profile.png"),
     ]
     if r["attention_maps"]:
         maps = {f"layer {i}": np.asarray(m, dtype=np.float64) for i, m in r["attention_maps"].items()}
@@ -230,11 +293,26 @@ def _run_extrapolate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _first_token_arg(text: str) -> str | int:
+    from gatedattn.analysis.windows import parse_first_token
+
+    try:
+        return parse_first_token(text)
+    except GatedAttnError as e:
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None  # argparse names the flag
+
+
+def _common(p: argparse.ArgumentParser, *, text: bool = False) -> None:
     p.add_argument("--model", required=True, metavar="DIR",
                    help="checkpoint directory (gatedattn format, or HF/official layouts via gatedattn.hf)")
-    p.add_argument("--data", default=None, metavar="DATA_DIR",
-                   help="prepared data directory (default: the one recorded by the training run that wrote --model)")
+    source = p.add_mutually_exclusive_group() if text else p
+    source.add_argument("--data", default=None, metavar="DATA_DIR",
+                        help="prepared data directory (default: the one recorded by the training run that wrote "
+                             "--model)")
+    if text:
+        source.add_argument("--text", nargs="+", default=None, metavar="PATH",
+                            help="raw text instead of --data: .txt/.md files (one document each) or a .jsonl with "
+                                 "a 'text' field, tokenized with the model's own tokenizer.json")
     p.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result to FILE")
@@ -246,19 +324,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "analyze",
         help="measure a checkpoint: F-Attn, attention sinks, massive activations, gate scores, val loss",
-        description="Run a checkpoint over validation windows with hooks attached and report "
-                    "F-Attn, Sink^eps, M-Act, gate score statistics and validation loss (docs/design.md section 4).",
+        description="Run a checkpoint with hooks attached over windows of one document each (the chosen "
+                    "first token, then text; no separator inside) and report F-Attn (per layer and head), "
+                    "Sink^eps, M-Act and the channels carrying it, the value drain and residual peak at the "
+                    "first position, gate score statistics and loss (docs/design.md section 4).",
     )
-    _common(p)
+    _common(p, text=True)
+    p.add_argument("--first-token", type=_first_token_arg, default="bos", metavar="bos|none|ID",
+                   help="position 0 of every window: bos (the model's own BOS, default), none (an ordinary "
+                        "text token) or a token id")
     p.add_argument("--seq-len", type=_positive_int, default=None,
                    help=f"window length (default: the model's max_seq_len, at most {MAX_DEFAULT_SEQ_LEN})")
-    p.add_argument("--batches", type=_positive_int, default=8, help="number of validation batches (default 8)")
+    p.add_argument("--batches", type=_positive_int, default=8, help="number of batches of windows (default 8)")
     p.add_argument("--batch-size", type=_positive_int, default=4, help="windows per batch (default 4)")
+    p.add_argument("--seed", type=_non_negative_int, default=0,
+                   help="which document stretches become windows when there are more than asked (default 0)")
     p.add_argument("--layers", type=_int_list, default=None,
                    help="layers whose attention map is returned, e.g. 0,3 (default: first, middle, last)")
     p.add_argument("--eps", type=float, default=0.3, help="sink threshold for Sink^eps (default 0.3)")
     p.add_argument("--plots", default=None, metavar="DIR",
-                   help="also write per-layer, attention-map and gate-histogram PNGs to DIR")
+                   help="also write per-layer, first-token map, sink profile, attention-map and gate-histogram "
+                        "PNGs to DIR")
     p.set_defaults(func=_run_analyze)
 
     p = subparsers.add_parser(
