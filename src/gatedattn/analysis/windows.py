@@ -233,6 +233,16 @@ def _check_count(name: str, value: Any) -> int:
     return int(value)
 
 
+def _check_window_ids(first_token: Any, seed: Any) -> None:
+    def is_int(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, np.integer))
+
+    if not is_int(seed) or seed < 0:
+        raise GatedAttnError(f"seed must be an integer >= 0, got {seed!r}")
+    if first_token is not None and (not is_int(first_token) or first_token < 0):
+        raise GatedAttnError(f"first_token must be a token id >= 0 or None, got {first_token!r}")
+
+
 def document_windows(
     docs: Sequence[Sequence[int]],
     seq_len: int,
@@ -255,11 +265,7 @@ def document_windows(
     """
     seq_len = _check_count("seq_len", seq_len)
     n_windows = _check_count("n_windows", n_windows)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise GatedAttnError(f"seed must be an integer >= 0, got {seed!r}")
-    if first_token is not None and (isinstance(first_token, bool) or not isinstance(first_token, (int, np.integer))
-                                    or first_token < 0):
-        raise GatedAttnError(f"first_token must be a token id >= 0 or None, got {first_token!r}")
+    _check_window_ids(first_token, seed)
     need = seq_len if first_token is not None else seq_len + 1
     arrays = [np.asarray(d, dtype=np.int64).reshape(-1) for d in docs]
     stretches = [(j, k * need) for j, a in enumerate(arrays) for k in range(len(a) // need)]
