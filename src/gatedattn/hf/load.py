@@ -14,6 +14,11 @@ its ``model_type``:
   ``export_hf`` writes for a ``gated`` model) -- loaded as ``gated``; hybrid
   linear-attention and MoE models are refused naming the layer.
 
+A ``.gguf`` file (or a directory holding exactly one and no ``config.json``) of a llama,
+qwen2 or qwen3 model is read by ``gatedattn.hf.gguf``: transformers' GGUF loader gives the
+config dict and the dequantized tensors, which go through the same importers and
+tensor mapping as a directory.
+
 An importer maps every config field that changes the computation or refuses the
 checkpoint with a ``GatedAttnError`` naming the field; every tensor must be present
 with the right shape and every tensor in the files must be used. Nothing is loaded
@@ -34,7 +39,7 @@ import torch
 
 from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
 from gatedattn.errors import GatedAttnError
-from gatedattn.hf.checkpoint import TensorSource, read_config
+from gatedattn.hf.checkpoint import DictTensorSource, TensorSource, read_config
 from gatedattn.hf.layouts import join_grouped, join_interleaved, split_grouped, split_interleaved
 from gatedattn.model import MODEL_TYPE, GatedLM, ModelConfig, check_state_dict
 
@@ -292,6 +297,12 @@ IMPORTERS: dict[str, Importer] = {
 
 def plan_for(directory: Path, raw: dict[str, Any]) -> tuple[Importer, str]:
     source = str(directory / "config.json")
+    return importer_for(raw, source), source
+
+
+def importer_for(raw: dict[str, Any], source: str) -> Importer:
+    """The importer of a HF config dict (a ``config.json``'s, or the one transformers builds
+    from a GGUF file), refusing unknown model types and architectures; ``source`` names it."""
     model_type = raw.get("model_type")
     if model_type in NOT_SUPPORTED:
         raise GatedAttnError(f"{source}: model_type={model_type!r} is not supported as a whole model: "
@@ -304,7 +315,7 @@ def plan_for(directory: Path, raw: dict[str, Any]) -> tuple[Importer, str]:
     if archs and not any(a in importer.architectures for a in archs):
         raise GatedAttnError(f"{source}: architectures={archs!r} is not supported for model_type={model_type!r}; "
                              f"supported: {', '.join(importer.architectures)}")
-    return importer, source
+    return importer
 
 
 # --------------------------------------------------------------------------- weights
@@ -377,9 +388,11 @@ def _q_packing(a: AttentionConfig, q_layout: str):
     return (lambda t: split_interleaved(t, H, d, width)), (lambda q, g: join_interleaved(q, g, H, d, width))
 
 
-def read_hf_state(directory: Path, plan: "Plan", expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """GatedLM state dict from the HF-named tensors in ``directory``; strict both ways."""
-    source = TensorSource(directory)
+def read_hf_state(directory: Path, plan: "Plan", expected: dict[str, torch.Tensor],
+                  source: TensorSource | DictTensorSource | None = None) -> dict[str, torch.Tensor]:
+    """GatedLM state dict from the HF-named tensors in ``directory`` (or in ``source``, e.g.
+    a GGUF file's, which ``directory`` then names); strict both ways."""
+    source = TensorSource(directory) if source is None else source
     cfg = plan.cfg
     state: dict[str, torch.Tensor] = {}
     for spec in hf_specs(cfg, plan.q_layout, zero_centred_norms=plan.zero_centred_norms):
@@ -414,6 +427,12 @@ def verify_model_dir(directory: str | Path) -> None:
     not read twice here."""
     from gatedattn.integrity import verify_dir
 
+    gguf = _gguf(directory)
+    if gguf is not None:  # a GGUF file has no manifest: its header is checked (no tensor data is read)
+        from gatedattn.hf.gguf import read_header
+
+        read_header(gguf)
+        return
     directory = Path(directory)
     read_config(directory)  # present, listed, unchanged, and JSON of a sane depth
     verify_dir(directory, required=MODEL_FILES, skip=tuple(p.name for p in directory.glob("*.safetensors")))
@@ -435,13 +454,26 @@ def _check_nested(raw: dict[str, Any], source: str) -> None:
                                  f"fields or null")
 
 
+def _gguf(path: str | Path) -> Path | None:
+    """The GGUF file that ``path`` names (itself, or a directory's one ``.gguf`` file), or None."""
+    from gatedattn.hf.gguf import gguf_file_of
+
+    return gguf_file_of(path)
+
+
 def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
                device: str | torch.device = "cpu") -> GatedLM:
-    """Load any supported checkpoint directory as a ``GatedLM`` (float32 unless ``dtype``),
-    verified first (:func:`verify_model_dir`); weights that are not floating point or
-    hold NaN or infinity are refused, as is a model too large for the device's memory."""
+    """Load any supported checkpoint directory, or a GGUF file (``gatedattn.hf.gguf``), as a
+    ``GatedLM`` (float32 unless ``dtype``), verified first (:func:`verify_model_dir`); weights
+    that are not floating point or hold NaN or infinity are refused, as is a model too large
+    for the device's memory."""
     from gatedattn.sizes import check_model_size
 
+    gguf = _gguf(directory)
+    if gguf is not None:
+        from gatedattn.hf.gguf import load_gguf
+
+        return load_gguf(gguf, dtype=dtype, device=device)
     directory = Path(directory)
     raw = read_config(directory)
     importer, source = plan_for(directory, raw)
@@ -466,6 +498,11 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
 
 def load_config(directory: str | Path) -> ModelConfig:
     """The ``ModelConfig`` that ``load_model`` would build, without reading weights."""
+    gguf = _gguf(directory)
+    if gguf is not None:
+        from gatedattn.hf.gguf import gguf_config
+
+        return gguf_config(gguf)
     directory = Path(directory)
     raw = read_config(directory)
     importer, source = plan_for(directory, raw)
@@ -473,3 +510,17 @@ def load_config(directory: str | Path) -> ModelConfig:
         _check_nested(raw, source)
         return ModelConfig.from_dict(raw)
     return importer.plan(raw, str(directory / "config.json")).cfg
+
+
+def model_tokenizer(path: str | Path):
+    """The ``tokenizers.Tokenizer`` of any model path ``load_model`` reads: a directory's
+    ``tokenizer.json`` or a GGUF file's embedded tokenizer; None when it has none."""
+    from gatedattn.integrity import check_tokenizer
+
+    gguf = _gguf(path)
+    if gguf is not None:
+        from gatedattn.hf.gguf import gguf_tokenizer
+
+        return gguf_tokenizer(gguf)
+    tokenizer = Path(path) / "tokenizer.json"
+    return check_tokenizer(tokenizer) if tokenizer.is_file() else None

@@ -1,0 +1,399 @@
+"""Import GGUF files (llama.cpp's format) as ``GatedLM`` models.
+
+``load_model`` reads a ``.gguf`` file, or a directory holding exactly one ``.gguf`` file
+and no ``config.json``, through this module:
+
+1. :func:`read_header` parses the header alone (metadata and tensor table, no tensor
+   data) and refuses, in one line, a file that is not GGUF or is truncated, an
+   architecture other than ``SUPPORTED_ARCHITECTURES``, a tensor type that cannot be
+   dequantized, and metadata that transformers' loader would silently ignore (RoPE
+   scaling);
+2. transformers' GGUF loader (``load_gguf_checkpoint``) turns the metadata into a HF
+   config dict, which goes through the same importers (``gatedattn.hf.load.IMPORTERS``)
+   as a ``config.json``;
+3. every tensor of the file must map to a HF name (checked before anything is
+   dequantized); the dequantized tensors, in HF names, go through the same
+   ``hf_specs`` mapping as safetensors weights (a :class:`~gatedattn.hf.checkpoint.DictTensorSource`).
+
+The logits are those of ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=name)`` on
+the same file. The tokenizer embedded in the file is :func:`gguf_tokenizer`.
+
+Importing this module is cheap: gguf-py is imported by the header reader, transformers
+only by the functions that need it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from gatedattn.errors import GatedAttnError
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUFFIX = ".gguf"
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)
+# tensor types gguf-py dequantizes (gguf.quants.dequantize); integer types are not weights
+FLOAT_TYPES = ("F32", "F16", "BF16")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ1_S", "IQ1_M",
+               "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4")
+# metadata value types (GGUFValueType) of fixed width -> struct format
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+# --------------------------------------------------------------------------- header
+class Array(NamedTuple):
+    """A metadata array, kept as its element type and length (a vocabulary is not read here)."""
+
+    element_type: int
+    count: int
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the table: GGUF name, shape (torch order), type name and size in bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Header:
+    """A GGUF file's metadata (scalars and strings; arrays as :class:`Array`) and tensor table."""
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: tuple[TensorInfo, ...]
+
+    @property
+    def architecture(self) -> str:
+        return self.metadata.get("general.architecture")
+
+    def key(self, suffix: str) -> Any:
+        """The metadata value of ``<architecture>.<suffix>`` (None when absent)."""
+        return self.metadata.get(f"{self.architecture}.{suffix}")
+
+
+class _Cursor:
+    """Little-endian reads from a buffer; running past its end raises ``struct.error``."""
+
+    def __init__(self, buf):
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt: str):
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self, keep: bool = True) -> str | None:
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise struct.error(f"a string of {n} bytes at byte {self.pos} runs past the end")
+        start, self.pos = self.pos, self.pos + n
+        return bytes(self.buf[start:self.pos]).decode("utf-8") if keep else None
+
+    def value(self, value_type: int) -> Any:
+        if value_type in _SCALARS:
+            return self.take(_SCALARS[value_type])
+        if value_type == _STRING:
+            return self.string()
+        if value_type != _ARRAY:
+            raise ValueError(f"unknown metadata value type {value_type}")
+        element_type, count = self.take("<I"), self.take("<Q")
+        if element_type in _SCALARS:
+            self.pos += count * struct.calcsize(_SCALARS[element_type])
+        elif element_type == _STRING:
+            for _ in range(count):
+                self.string(keep=False)
+        else:
+            raise ValueError(f"unsupported metadata array element type {element_type}")
+        if self.pos > len(self.buf):
+            raise struct.error(f"an array of {count} values runs past the end")
+        return Array(element_type, count)
+
+
+def gguf_file_of(path: str | Path) -> Path | None:
+    """The GGUF file ``load_model(path)`` reads: ``path`` itself when it is a file or is
+    named ``*.gguf``, the one ``.gguf`` file of a directory without ``config.json``;
+    None for a model directory (or a directory with neither)."""
+    path = Path(path)
+    if path.is_file() or (path.suffix.lower() == SUFFIX and not path.is_dir()):
+        return path
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    found = sorted(p for p in path.iterdir() if p.suffix.lower() == SUFFIX and p.is_file())
+    if len(found) > 1:
+        raise GatedAttnError(f"{path} holds {len(found)} .gguf files ({', '.join(p.name for p in found)}) and no "
+                             f"config.json; pass the path of the one to load")
+    return found[0] if found else None
+
+
+def read_header(path: str | Path) -> Header:
+    """The header of a GGUF file, checked: GGUF magic and version, complete (every tensor's
+    data inside the file), a supported architecture and tensor types. Reads no tensor data."""
+    path = Path(path)
+    if not path.is_file():
+        raise GatedAttnError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+    with open(path, "rb") as f:
+        if f.read(4) != MAGIC:
+            raise GatedAttnError(f"{path} is not a GGUF file: it does not start with {MAGIC!r} (load_model reads "
+                                 f"a model directory or a .gguf file)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            try:
+                header = _parse(path, buf)
+            except (struct.error, UnicodeDecodeError, ValueError) as e:
+                raise GatedAttnError(f"{path} is truncated or corrupt: its GGUF header cannot be read ({e})") from None
+    _check_supported(header)
+    return header
+
+
+def _parse(path: Path, buf) -> Header:
+    """Metadata and tensor table of the GGUF file mapped in ``buf``."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    cur = _Cursor(buf)
+    cur.pos = 4
+    version = cur.take("<I")
+    if version not in VERSIONS:
+        raise GatedAttnError(f"{path}: GGUF version {version} is not supported (a big-endian file?); supported: "
+                             f"{', '.join(map(str, VERSIONS))}")
+    n_tensors, n_kv = cur.take("<Q"), cur.take("<Q")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        metadata[key] = cur.value(cur.take("<I"))
+    entries = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        dims = [cur.take("<Q") for _ in range(cur.take("<I"))]
+        type_id, offset = cur.take("<I"), cur.take("<Q")
+        entries.append((name, tuple(reversed(dims)), type_id, offset))
+    alignment = metadata.get("general.alignment", 32)
+    data_start = -(-cur.pos // alignment) * alignment
+    tensors = []
+    for name, shape, type_id, offset in entries:
+        try:
+            kind = GGMLQuantizationType(type_id)
+        except ValueError:
+            raise GatedAttnError(f"{path}: tensor {name!r} has unknown ggml type id {type_id}; supported: "
+                                 f"{', '.join(supported_types())}") from None
+        block, size = GGML_QUANT_SIZES[kind]
+        if prod(shape) % block:
+            raise GatedAttnError(f"{path} is corrupt: tensor {name!r} of shape {shape} does not divide into "
+                                 f"{kind.name} blocks of {block}")
+        nbytes = prod(shape) // block * size
+        end = data_start + offset + nbytes
+        if end > len(buf):
+            raise GatedAttnError(f"{path} is truncated: tensor {name!r} ends at byte {end} but the file has "
+                                 f"{len(buf)} bytes")
+        tensors.append(TensorInfo(name, shape, kind.name, nbytes))
+    return Header(path, metadata, tuple(tensors))
+
+
+def supported_types() -> tuple[str, ...]:
+    """The tensor type names that are imported (those this gguf-py knows)."""
+    from gguf import GGMLQuantizationType
+
+    return tuple(t for t in FLOAT_TYPES + QUANT_TYPES if t in GGMLQuantizationType.__members__)
+
+
+def _check_supported(header: Header) -> None:
+    """Refuse an unsupported architecture or tensor type, naming it."""
+    arch = header.architecture
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GatedAttnError(f"{header.path}: GGUF architecture {arch!r} is not supported; supported: "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    allowed = set(supported_types())
+    for t in header.tensors:
+        if t.kind not in allowed:
+            raise GatedAttnError(f"{header.path}: tensor {t.name!r} has type {t.kind}, which is not supported; "
+                                 f"supported: {', '.join(supported_types())}")
+
+
+def _check_metadata(header: Header) -> None:
+    """Metadata that changes the computation but that transformers' GGUF loader ignores is
+    refused (importing it would give a model llama.cpp does not compute), as is a file
+    that states no vocabulary size (transformers would take its config class's default)."""
+    rope = header.key("rope.scaling.type")
+    if rope not in (None, "none"):
+        raise GatedAttnError(f"{header.path}: {header.architecture}.rope.scaling.type={rope!r} is not supported: "
+                             f"transformers' GGUF loader ignores RoPE scaling; only unscaled RoPE is imported")
+    if header.key("vocab_size") is None and "tokenizer.ggml.tokens" not in header.metadata:
+        raise GatedAttnError(f"{header.path}: the file states no vocabulary size (neither "
+                             f"{header.architecture}.vocab_size nor tokenizer.ggml.tokens)")
+
+
+def _check_head_dim(header: Header, head_dim: int) -> None:
+    """The head size the file states must be the config's (transformers' loader does not
+    read it: Qwen3's config then says 128 whatever the file holds)."""
+    for suffix in ("attention.key_length", "attention.value_length"):
+        value = header.key(suffix)
+        if value is not None and value != head_dim:
+            raise GatedAttnError(f"{header.path}: {header.architecture}.{suffix}={value} is not supported: the "
+                                 f"config transformers builds from this file has head_dim={head_dim}")
+
+
+def _first_line(e: Exception) -> str:
+    """``Type: first line of the message`` of an exception from transformers or gguf-py."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+# --------------------------------------------------------------------------- config
+def _hf_config_dict(header: Header) -> dict[str, Any]:
+    """The HF config dict transformers' GGUF loader builds from the file's metadata."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from gatedattn.hf.load import quiet_transformers
+
+    try:
+        with quiet_transformers():
+            raw = load_gguf_checkpoint(str(header.path), return_tensors=False)["config"]
+    except Exception as e:  # transformers' own parsing: one line naming the file
+        raise GatedAttnError(f"{header.path}: transformers cannot read its GGUF metadata ({_first_line(e)})") from None
+    if raw.get("model_type") not in SUPPORTED_ARCHITECTURES:
+        raise GatedAttnError(f"{header.path}: transformers reads it as model_type={raw.get('model_type')!r}, which "
+                             f"is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    raw.pop("_model_name_or_path", None)
+    # the special tokens the file states, None where it states none (not the config class's defaults,
+    # e.g. Llama's 1 and 2, which would make generate prepend a token the file never named)
+    for key in ("bos_token_id", "eos_token_id"):
+        raw[key] = header.metadata.get(f"tokenizer.ggml.{key}")
+    return raw
+
+
+def gguf_plan(path: str | Path):
+    """``(header, HF config dict, Plan)`` of a GGUF file: what ``load_model`` would build,
+    from the header and metadata alone."""
+    from gatedattn.hf.load import importer_for
+
+    header = read_header(path)
+    _check_metadata(header)
+    raw = _hf_config_dict(header)
+    importer = importer_for(raw, str(header.path))
+    plan = importer.plan(raw, str(header.path))
+    _check_head_dim(header, plan.cfg.attention.head_dim)
+    return header, raw, plan
+
+
+def gguf_config(path: str | Path):
+    """The ``ModelConfig`` that :func:`load_gguf` would build, without reading tensors."""
+    return gguf_plan(path)[2].cfg
+
+
+# --------------------------------------------------------------------------- weights
+class _HFNames(torch.nn.Module):
+    """What ``load_gguf_checkpoint(model_to_load=...)`` reads of transformers' model to name
+    the file's tensors: its ``config`` and its parameter names. These are the HF names
+    ``hf_specs`` takes, so a file tensor outside them is one the import would not use
+    (building transformers' model, even on the meta device, costs seconds here)."""
+
+    def __init__(self, config, names: list[str]):
+        super().__init__()
+        self.config = config
+        self._names = names
+
+    def state_dict(self, *args, **kwargs) -> dict[str, None]:
+        return dict.fromkeys(self._names)
+
+
+def _names_model(raw: dict[str, Any], plan, source: str) -> _HFNames:
+    from gatedattn.hf.load import hf_config_object, hf_specs
+
+    specs = hf_specs(plan.cfg, plan.q_layout, zero_centred_norms=plan.zero_centred_norms)
+    return _HFNames(hf_config_object(raw, source), [spec.hf_name for spec in specs])
+
+
+def _check_all_mapped(header: Header, raw: dict[str, Any], names_model: _HFNames) -> None:
+    """Every tensor of the file must map to a HF name the import takes (transformers' loader
+    drops the others silently, e.g. llama3's ``rope_freqs.weight``); checked before anything
+    is dequantized."""
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          get_gguf_hf_weights_map)
+
+    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=raw)
+    names = get_gguf_hf_weights_map(names_model, processor)
+    unmapped = [t.name for t in header.tensors if t.name not in names]
+    if unmapped:
+        raise GatedAttnError(f"{header.path}: unexpected tensor {unmapped[0]!r} ({len(unmapped)} unexpected in all); "
+                             f"the {header.architecture} config does not account for it")
+
+
+def _hf_tensors(header: Header, names_model: _HFNames) -> dict[str, torch.Tensor]:
+    """The file's tensors, dequantized to float32, in HF names."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from gatedattn.hf.load import quiet_transformers
+
+    try:
+        with quiet_transformers():
+            out = load_gguf_checkpoint(str(header.path), return_tensors=True, model_to_load=names_model)
+    except Exception as e:
+        raise GatedAttnError(f"{header.path}: its tensors cannot be read ({_first_line(e)})") from None
+    return {name: t.float() for name, t in out["tensors"].items()}
+
+
+def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
+    """A GGUF file as a ``GatedLM`` (float32 unless ``dtype``), with transformers' logits
+    for the same file; everything is refused before any tensor is dequantized."""
+    from gatedattn.hf.checkpoint import DictTensorSource
+    from gatedattn.hf.load import read_hf_state
+    from gatedattn.model import GatedLM, check_state_dict
+    from gatedattn.sizes import check_model_size
+
+    header, raw, plan = gguf_plan(path)
+    source = str(header.path)
+    check_model_size(plan.cfg, source, device)
+    names_model = _names_model(raw, plan, source)
+    _check_all_mapped(header, raw, names_model)
+    model = GatedLM(plan.cfg)
+    expected = model.state_dict()
+    if plan.cfg.tie_embeddings:
+        expected.pop("lm_head.weight")
+    tensors = DictTensorSource(_hf_tensors(header, names_model), header.path)
+    state = read_hf_state(header.path, plan, expected, tensors)
+    check_state_dict(state, expected, header.path)
+    model.load_state_dict(state, strict=False)
+    model.eval()
+    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
+
+# --------------------------------------------------------------------------- tokenizer
+def gguf_hf_tokenizer(path: str | Path):
+    """transformers' tokenizer for the one embedded in a GGUF file (None when the file has
+    none): ``AutoTokenizer.from_pretrained(parent, gguf_file=name)``."""
+    from transformers import AutoTokenizer
+
+    from gatedattn.hf.load import quiet_transformers
+
+    header = read_header(path)
+    if "tokenizer.ggml.model" not in header.metadata:
+        return None
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
+    except Exception as e:
+        raise GatedAttnError(f"{header.path}: its tokenizer (tokenizer.ggml.model="
+                             f"{header.metadata['tokenizer.ggml.model']!r}) cannot be built "
+                             f"({_first_line(e)})") from None
+
+
+def gguf_tokenizer(path: str | Path):
+    """The ``tokenizers.Tokenizer`` embedded in a GGUF file, or None when it has none."""
+    tok = gguf_hf_tokenizer(path)
+    return None if tok is None else tok.backend_tokenizer
+
+
+def gguf_token_ids(path: str | Path) -> tuple[int | None, int | None]:
+    """``(bos_token_id, eos_token_id)`` a GGUF file states (None where it states none)."""
+    metadata = read_header(path).metadata
+    return metadata.get("tokenizer.ggml.bos_token_id"), metadata.get("tokenizer.ggml.eos_token_id")
