@@ -1,9 +1,10 @@
 """``gatedattn generate`` and ``gatedattn convert``.
 
-``generate`` samples text from any importable model directory with the KV cache;
-``convert`` imports a directory (any supported format), optionally retrofits a gate,
-and writes gatedattn's format (optionally with its modelling code) or a transformers
-checkpoint (stock, Qwen3-Next or the paper's official layout), atomically.
+``generate`` samples text from any importable model directory or GGUF file with the KV
+cache; ``convert`` imports a directory (any supported format) or a GGUF file, optionally
+retrofits a gate, and writes gatedattn's format (optionally with its modelling code) or a
+transformers checkpoint (stock, Qwen3-Next or the paper's official layout), atomically,
+with the tokenizer (a GGUF file's embedded one saved as ``tokenizer.json``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -41,15 +43,49 @@ def _load_tokenizer(path: Path):
 
 
 def _check_tokenizer_matches(model_dir: Path, tokenizer: Path, force: bool) -> None:
-    """A ``--tokenizer`` other than the model's own ``tokenizer.json`` must tokenize alike
-    (vocabulary, merges, added tokens) unless ``force``."""
+    """A ``--tokenizer`` other than the model's own ``tokenizer.json`` (or a GGUF file's
+    embedded tokenizer) must tokenize alike (vocabulary, merges, added tokens) unless ``force``."""
+    from gatedattn.hf.gguf import gguf_file_of, gguf_tokenizer
     from gatedattn.integrity import tokenizer_fingerprint
 
+    if force:
+        return
+    gguf = gguf_file_of(model_dir)
     own = model_dir / "tokenizer.json"
-    if force or not own.is_file() or own.resolve() == tokenizer.resolve():
+    if gguf is not None:
+        embedded = gguf_tokenizer(gguf)
+        if embedded is None:
+            return
+        with tempfile.TemporaryDirectory() as d:
+            own = Path(d) / "tokenizer.json"
+            embedded.save(str(own))
+            if tokenizer_fingerprint(own) != tokenizer_fingerprint(tokenizer):
+                raise GatedAttnError(f"--tokenizer {tokenizer} is not the tokenizer embedded in {gguf}; pass --force "
+                                     f"to use it")
+        return
+    if not own.is_file() or own.resolve() == tokenizer.resolve():
         return
     if tokenizer_fingerprint(own) != tokenizer_fingerprint(tokenizer):
         raise GatedAttnError(f"--tokenizer {tokenizer} is not the model's tokenizer ({own}); pass --force to use it")
+
+
+def _model_tokenizer(model: Path, tokenizer: str | Path | None, force: bool):
+    """The tokenizer ``generate`` uses: ``--tokenizer`` (checked against the model's own),
+    else the model's ``tokenizer.json`` or a GGUF file's embedded tokenizer."""
+    from gatedattn.hf.gguf import gguf_file_of, gguf_tokenizer
+
+    if tokenizer:
+        tok = _load_tokenizer(Path(tokenizer))
+        _check_tokenizer_matches(model, Path(tokenizer), force)
+        return tok
+    gguf = gguf_file_of(model)
+    if gguf is None:
+        return _load_tokenizer(model / "tokenizer.json")
+    tok = gguf_tokenizer(gguf)
+    if tok is None:
+        raise GatedAttnError(f"{gguf} has no embedded tokenizer (no tokenizer.ggml.model); pass --tokenizer "
+                             f"PATH/tokenizer.json")
+    return tok
 
 
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
@@ -69,17 +105,16 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
                   device: str = "cpu", force: bool = False) -> str:
     """Prompt plus continuation, decoded. BOS is prepended when the model config has one.
     ``max_new_tokens`` (default: 64, or what the model's context leaves) must fit the context."""
+    from gatedattn.hf.gguf import gguf_file_of
     from gatedattn.hf.load import load_model, verify_model_dir
 
     _check_sampling(prompt, max_new_tokens, temperature, top_k, seed)
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise GatedAttnError(f"--model {model_dir} is not a directory (no model there)")
+    if not model_dir.is_dir() and gguf_file_of(model_dir) is None:
+        raise GatedAttnError(f"--model {model_dir} is not a directory or a .gguf file (no model there)")
     dev = _device(device)
     verify_model_dir(model_dir)  # the model's own tokenizer.json is checked with the rest
-    tok_path = Path(tokenizer) if tokenizer else model_dir / "tokenizer.json"
-    tok = _load_tokenizer(tok_path)
-    _check_tokenizer_matches(model_dir, tok_path, force)
+    tok = _model_tokenizer(model_dir, tokenizer, force)
     model = load_model(model_dir, device=dev)
     cfg = model.cfg
     ids = tok.encode(prompt, add_special_tokens=False).ids
@@ -135,22 +170,38 @@ def _is_nonempty(path: Path) -> bool:
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
-def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, init: str = "identity",
-            fmt: str = "gatedattn", force: bool = False, dtype: str = "float32", seed: int = 0,
-            self_contained: bool = False) -> Path:
-    """Import ``src``, optionally add the gate of ``variant``, write ``dst`` atomically
-    (a temporary directory beside it, renamed into place). Tokenizer files are copied.
+def _add_file(src: Path, dst_dir: Path) -> None:
+    """Copy ``src`` into ``dst_dir`` (public mode) and enter it in its manifest."""
+    shutil.copy2(src, dst_dir / src.name)
+    public_mode(dst_dir / src.name)
+    record(dst_dir / src.name)
 
-    ``fmt``: ``gatedattn`` (any variant; with ``self_contained`` the modelling code is
-    written beside the weights), ``hf`` (stock Qwen3/Llama/Qwen2 for a gate-free model,
-    Qwen3-Next for a ``gated`` one), ``qwen3-next`` or ``official`` (the paper's layout)."""
-    from gatedattn.hf.export import export_hf, hf_config_for
-    from gatedattn.hf.load import load_model
-    from gatedattn.hf.retrofit import add_gates
 
-    if os.fspath(dst) == "" or os.fspath(src) == "":
-        raise GatedAttnError(f"{'--to' if os.fspath(dst) == '' else '--from'}: an empty path; give a directory")
-    src, dst = Path(src), Path(dst)
+def _save_tokenizer(tok, dst: Path) -> None:
+    """A transformers tokenizer (a GGUF file's embedded one) written into ``dst`` as
+    transformers saves it: those of ``TOKENIZER_FILES`` it writes (``tokenizer.json``,
+    ``tokenizer_config.json``, the chat template), each recorded."""
+    with tempfile.TemporaryDirectory() as d:
+        tok.save_pretrained(d)
+        for name in TOKENIZER_FILES:
+            if (Path(d) / name).is_file():
+                _add_file(Path(d) / name, dst)
+
+
+def _write_tokenizer(src: Path, gguf_tok, dst: Path, fmt: str) -> None:
+    """The tokenizer beside the converted model: a GGUF file's embedded one (``gguf_tok``)
+    saved, or the source directory's tokenizer files (and, for a transformers format, its
+    ``generation_config.json``) copied; each recorded in the manifest."""
+    if gguf_tok is not None:
+        _save_tokenizer(gguf_tok, dst)
+        return
+    extra = TOKENIZER_FILES + (("generation_config.json",) if fmt != "gatedattn" else ())
+    for name in extra:
+        if (src / name).is_file():
+            _add_file(src / name, dst)
+
+
+def _check_convert_options(fmt: str, self_contained: bool, dtype: str) -> None:
     if fmt not in FORMATS:
         raise GatedAttnError(f"--format {fmt!r} is not allowed; choose one of {', '.join(FORMATS)}")
     if self_contained and fmt != "gatedattn":
@@ -158,14 +209,38 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
                              f"transformers' own code)")
     if dtype not in DTYPES:
         raise GatedAttnError(f"--dtype {dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
+
+
+def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, init: str = "identity",
+            fmt: str = "gatedattn", force: bool = False, dtype: str = "float32", seed: int = 0,
+            self_contained: bool = False) -> Path:
+    """Import ``src`` (a model directory or a GGUF file), optionally add the gate of
+    ``variant``, write ``dst`` atomically (a temporary directory beside it, renamed into
+    place). Tokenizer files are copied; a GGUF file's embedded tokenizer is saved as
+    ``tokenizer.json`` (with ``tokenizer_config.json``), so ``dst`` is self-sufficient.
+
+    ``fmt``: ``gatedattn`` (any variant; with ``self_contained`` the modelling code is
+    written beside the weights), ``hf`` (stock Qwen3/Llama/Qwen2 for a gate-free model,
+    Qwen3-Next for a ``gated`` one), ``qwen3-next`` or ``official`` (the paper's layout)."""
+    from gatedattn.hf.export import export_hf, hf_config_for
+    from gatedattn.hf.gguf import gguf_file_of, gguf_hf_tokenizer
+    from gatedattn.hf.load import load_model
+    from gatedattn.hf.retrofit import add_gates
+
+    if os.fspath(dst) == "" or os.fspath(src) == "":
+        raise GatedAttnError(f"{'--to' if os.fspath(dst) == '' else '--from'}: an empty path; give a directory")
+    src, dst = Path(src), Path(dst)
+    _check_convert_options(fmt, self_contained, dtype)
     check_no_overlap(dst, "--to", [("--from", src)])
     if _is_nonempty(dst) and not force:
         raise GatedAttnError(f"--to {dst} exists and is not empty; pass --force to replace it")
     check_writable(dst, "--to", kind="dir")
     check_replaceable(dst, "--to", (CHECKSUMS,), "model directory")
-    if not src.is_dir():
-        raise GatedAttnError(f"--from {src} is not a directory (no model there)")
+    gguf = gguf_file_of(src)
+    if gguf is None and not src.is_dir():
+        raise GatedAttnError(f"--from {src} is not a directory or a .gguf file (no model there)")
     model = load_model(src)  # verified: config, weights and tokenizer against its checksums.json
+    gguf_tok = gguf_hf_tokenizer(gguf) if gguf is not None else None  # built before anything is written
     if variant is not None:
         torch.manual_seed(seed)
         add_gates(model, variant, init)
@@ -180,12 +255,7 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
             export_hf(model, tmp, layout)
         else:
             model.save_pretrained(tmp, self_contained=self_contained)
-        extra = TOKENIZER_FILES + (("generation_config.json",) if fmt != "gatedattn" else ())
-        for name in extra:
-            if (src / name).is_file():
-                shutil.copy2(src / name, tmp / name)
-                public_mode(tmp / name)
-                record(tmp / name)
+        _write_tokenizer(src, gguf_tok, tmp, fmt)
         replace_dir(tmp, dst)
     except BaseException:
         discard_dir(tmp)
@@ -213,7 +283,8 @@ def register(sub) -> None:
     g = sub.add_parser("generate", help="sample text from a model directory (gatedattn or HF format), KV-cached",
                        description="Sample a continuation of --prompt. The tokenizer is DIR/tokenizer.json unless "
                                    "--tokenizer is given; BOS is prepended when the model config has one.")
-    g.add_argument("--model", required=True, metavar="DIR", help="gatedattn or importable HF model directory")
+    g.add_argument("--model", required=True, metavar="DIR",
+                   help="gatedattn or importable HF model directory, or a .gguf file (its tokenizer is embedded)")
     g.add_argument("--prompt", required=True, metavar="TEXT")
     g.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="tokens to sample (default 64, or fewer where the model's context ends)")
@@ -233,7 +304,8 @@ def register(sub) -> None:
                                    "checkpoint: --format hf (stock Qwen3/Llama/Qwen2 for a gate-free model, "
                                    "Qwen3-Next for a 'gated' one), qwen3-next, or official (the paper's gated "
                                    "Qwen3 layout).")
-    c.add_argument("--from", dest="from_dir", required=True, metavar="DIR")
+    c.add_argument("--from", dest="from_dir", required=True, metavar="DIR",
+                   help="model directory, or a .gguf file (llama, qwen2, qwen3)")
     c.add_argument("--to", required=True, metavar="DIR")
     c.add_argument("--variant", default=None, metavar="NAME", help="retrofit this gate preset (see `gatedattn variants`)")
     c.add_argument("--init", choices=("identity", "random"), default=None,
