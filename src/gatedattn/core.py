@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from gatedattn.ops import attention_flash_lse, attention_reference, attention_sdpa
+from gatedattn.ops.window import FIRST_MODES, attention_window
 
 KERNEL_FUNCTIONS = {
     "sdpa": attention_sdpa,
@@ -35,3 +36,24 @@ class AttentionCore(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}"
+
+
+class WindowCore(nn.Module):
+    """A core for ``Attention.with_core``: each query sees its last ``window`` keys (0: all
+    earlier keys), with the first position kept in every query's view, dropped from it, or
+    left as any key (``first``: ``keep``, ``drop``, ``free``); see
+    :mod:`gatedattn.ops.window`. The layer's learnable sink, when it has one, takes part."""
+
+    def __init__(self, window: int = 0, first: str = "free"):
+        super().__init__()
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"window must be an int >= 0 (0: full causal attention), got {window!r}")
+        if first not in FIRST_MODES:
+            raise ValueError(f"first must be one of {', '.join(FIRST_MODES)}, got {first!r}")
+        self.window, self.first = window, first
+
+    def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None):
+        return attention_window(q, k, v, sink, window=self.window, first=self.first, q_offset=q_offset, scale=scale)
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}, first={self.first!r}"
