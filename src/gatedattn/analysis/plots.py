@@ -27,6 +27,8 @@ from matplotlib.ticker import EngFormatter, FixedLocator, MaxNLocator, NullForma
 
 __all__ = [
     "assign_colors",
+    "figure",
+    "save_figure",
     "plot_attention_maps",
     "plot_extrapolation",
     "plot_first_token_map",
@@ -565,4 +567,14 @@ def plot_ratio_bars(
     ax.set(ylabel=ylabel, title=title)
     ax.grid(alpha=0.3, axis="y")
     _legend(ax)
+    return _save(fig, path)
+
+
+def figure(figsize: tuple[float, float]) -> Figure:
+    """A new figure on the Agg canvas, for plots a study draws itself (save with :func:`save_figure`)."""
+    return _figure(figsize)
+
+
+def save_figure(fig: Figure, path: PathLike) -> Path:
+    """Write ``fig`` as PNG to ``path`` atomically; returns the path."""
     return _save(fig, path)

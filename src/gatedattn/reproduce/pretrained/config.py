@@ -1,0 +1,102 @@
+"""The real-model study's config: one frozen dataclass, every field documented in place."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gatedattn.errors import ConfigError
+from gatedattn.settings import build, check_options, option
+
+ARMS = ("sink", "gate-headwise", "gate", "control")
+FIRST_TOKENS = ("bos", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainedConfig:
+    """The real-model study. Text comes from the bundled corpus's documents (its train /
+    validation split by document), tokenized with the model's own tokenizer; every window
+    is one document stretch after the chosen first token, with no separator inside."""
+
+    model: str | None = option(None, help="the model: a .gguf file, a directory load_model reads (default: the "
+                                          "bundled SmolLM2-135M-Instruct GGUF)")
+    first_token: str = option("bos", help="the first position: bos (the model's own BOS token), none (an ordinary "
+                                          "text token), or a token id")
+    seq_len: int = option(256, ge=8, help="tokens per window, the first token included")
+    analysis_windows: int = option(16, gt=0, help="held-out windows of the sink measurement")
+    eval_windows: int = option(8, gt=0, help="held-out windows every loss is measured on")
+    windows: tuple[int, ...] = option((32, 64, 128), gt=0, help="attention windows W of the no-op curve "
+                                                                    "(full causal attention is always measured)")
+    window: int = option(0, ge=0, help="the arms' window W (0: chosen from the curve: the largest W whose loss "
+                                       "gap is at least min_gap)")
+    min_gap: float = option(0.25, gt=0, help="nats: the loss gap a window needs to be chosen for the arms")
+    arms: tuple[str, ...] = option(("sink", "gate-headwise", "control"), choices=ARMS,
+                                   help="what is trained in place of the first token: " + ", ".join(ARMS))
+    seeds: int = option(2, gt=0, help="data orders of every arm")
+    steps: int = option(20, gt=0, help="optimizer steps of every arm")
+    batch: int = option(1, gt=0, help="windows per step")
+    sink_lr: float = option(1.0, gt=0, help="Adam learning rate of the learnable sink (logits start at 0)")
+    gate_lr: float = option(1e-2, gt=0, help="Adam learning rate of the gates (identity init: score 0.5, o_proj x2)")
+    control_lr: float = option(3e-3, gt=0, help="Adam learning rate of the control (a bias on each layer's "
+                                                "attention output, starting at 0)")
+    sink_layers_eps: float = option(0.2, gt=0, lt=1, help="arms train in the layers from the first whose F-Attn "
+                                                          "exceeds this (the layers below run frozen and are cached)")
+    streaming_len: int = option(1024, ge=16, help="tokens of the streaming curve (one held-out document)")
+    truncate_layers: int = option(0, ge=0, help="keep only the model's first N layers (0: all; --quick uses it)")
+    threads: int = option(0, ge=0, help="torch threads (0: as many as the machine has cores)")
+    out_dir: str = option("runs/reproduce-pretrained", help="output directory")
+    progress: bool = option(True, help="progress messages")
+
+    def __post_init__(self) -> None:
+        for name in ("windows", "arms"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_options(self)
+        first_token_id(self.first_token)  # refuses a bad value in one line
+        if not self.windows:
+            raise ConfigError("PretrainedConfig.windows must not be empty")
+        if any(w >= self.seq_len for w in self.windows) or self.window >= self.seq_len:
+            raise ConfigError(f"PretrainedConfig.windows={self.windows} and window={self.window} must be below "
+                              f"seq_len={self.seq_len} (a window that reaches the first token changes nothing)")
+        if self.streaming_len <= max(self.windows):
+            raise ConfigError(f"PretrainedConfig.streaming_len={self.streaming_len} must exceed the largest window "
+                              f"{max(self.windows)}")
+
+    @classmethod
+    def quick(cls, **changes: Any) -> "PretrainedConfig":
+        """The whole pipeline in well under a minute: the model cut to its first 4 layers,
+        short windows, one data order, a few steps."""
+        base = dict(truncate_layers=4, seq_len=64, analysis_windows=2, eval_windows=2, windows=(8, 16),
+                    arms=("sink", "gate-headwise", "control"), seeds=1, steps=2, batch=1, streaming_len=96,
+                    window=8, out_dir="runs/reproduce-pretrained-quick")
+        return cls(**{**base, **changes})
+
+    def replace(self, **changes: Any) -> "PretrainedConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PretrainedConfig":
+        return build(cls, data)
+
+    @property
+    def quick_run(self) -> bool:
+        return self.truncate_layers > 0
+
+
+def first_token_id(first_token: str) -> int | None:
+    """``first_token`` as a token id, ``None`` for ``bos`` (the model's own, resolved once the
+    model is read) and ``-1`` for ``none``; anything else is refused naming the field."""
+    if first_token == "bos":
+        return None
+    if first_token == "none":
+        return -1
+    try:
+        value = int(first_token)
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0 or str(value) != str(first_token).strip():
+        raise ConfigError(f"PretrainedConfig.first_token={first_token!r} is not allowed; choose bos, none, "
+                          f"or a token id (an int >= 0)")
+    return value

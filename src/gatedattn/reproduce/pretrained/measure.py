@@ -1,0 +1,74 @@
+"""The measurements of the real-model study that need no training: the sink as it is
+(:func:`sink_figures`, through :func:`gatedattn.analysis.analyze`), and the loss lost
+without the first position, as a curve over the attention window (:func:`noop_curve`)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from gatedattn.analysis import analyze
+from gatedattn.model import GatedLM
+from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, window_losses
+
+# the analysis keys the report reads (the rest of analyze's result stays out of results.json)
+SINK_KEYS = ("f_attn", "f_attn_per_layer", "f_attn_per_head", "sink_eps", "sink_eps_per_layer", "sink_alpha", "eps",
+             "value_drain_per_layer", "value_drain_per_head", "residual_peak_per_layer", "m_act", "m_act_per_layer",
+             "m_act_ratio", "m_act_ratio_max", "m_act_ratio_per_layer", "m_act_layer", "m_act_channels", "val_loss",
+             "first_token", "windows", "seq_len", "n_tokens")
+
+
+def sink_figures(model: GatedLM, rows: Tensor, first_token=None) -> dict:
+    """``analyze``'s sink, value-drain, residual-peak and massive-activation figures of
+    ``model`` on the window rows (N, T + 1), per layer and head."""
+    result = analyze(model, list(rows.split(4)), first_token=first_token)
+    return {k: result.get(k) for k in SINK_KEYS}
+
+
+def gap(kept: Tensor, dropped: Tensor) -> dict:
+    """Mean kept and dropped loss and their paired gap with its standard error over windows."""
+    diff = (dropped - kept).double()
+    se = diff.std(unbiased=True).item() / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+    return {"kept": kept.mean().item(), "dropped": dropped.mean().item(), "gap": diff.mean().item(), "gap_se": se,
+            "windows": len(diff)}
+
+
+def noop_point(model: GatedLM, rows: Tensor, window: int) -> dict:
+    """The loss with the first position in every query's view and without it, at ``window``
+    (0: full causal attention, where keeping it is the model as it is)."""
+    kept = window_losses(model, rows, window, KEPT if window else "free")
+    dropped = window_losses(model, rows, window, DROPPED)
+    return {"window": window, **gap(kept, dropped)}
+
+
+def noop_curve(model: GatedLM, rows: Tensor, windows: tuple[int, ...]) -> list[dict]:
+    """:func:`noop_point` at full attention and at every window, widest first."""
+    return [noop_point(model, rows, w) for w in (0, *sorted(windows, reverse=True))]
+
+
+def choose_window(curve: list[dict], min_gap: float, k_se: float = 4.0) -> tuple[int | None, str]:
+    """The widest window whose gap is at least ``min_gap`` nats and ``k_se`` standard errors:
+    where the first token is clearly needed, and as close to full attention as that allows."""
+    for point in curve:  # widest first; full attention (0) is not a window
+        if point["window"] and point["gap"] >= min_gap and point["gap"] > k_se * point["gap_se"]:
+            return point["window"], (f"the widest window whose loss gap ({point['gap']:.3f} nats) is at least "
+                                     f"{min_gap:g} nats and {k_se:g} standard errors ({point['gap_se']:.3f})")
+    return None, f"no window's loss gap reached {min_gap:g} nats and {k_se:g} standard errors"
+
+
+def start_layer(f_attn_per_layer: list[float | None], eps: float) -> int:
+    """The first layer whose F-Attn exceeds ``eps`` (0 when none does: every layer trains)."""
+    for i, f in enumerate(f_attn_per_layer):
+        if f is not None and f > eps:
+            return i
+    return 0
+
+
+def pearson(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson's r of two equally long lists (None when either is constant)."""
+    x, y = torch.tensor(xs, dtype=torch.float64), torch.tensor(ys, dtype=torch.float64)
+    x, y = x - x.mean(), y - y.mean()
+    den = (x.norm() * y.norm()).item()
+    return (x @ y).item() / den if den > 0 else None

@@ -1,0 +1,139 @@
+"""The real-model study's report: its section (the main job's part 2) and ``report.md``
+when it runs alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gatedattn.io import atomic_write_text
+from gatedattn.reproduce.claims import uniform_first_token_attention
+from gatedattn.reproduce.pretrained import claims as C
+from gatedattn.reproduce.pretrained.plots import make_plots
+
+CAPTIONS = {
+    "sink_profile": "Per layer: attention on the first position (dotted: uniform), the value drain ‖v₀‖ / mean ‖vᵢ‖ "
+                    "and the residual peak ‖h₀‖ / mean ‖hᵢ‖.",
+    "first_token_map": "Attention on the first position, per layer and head.",
+    "noop": "The loss with the first token in every query's view (kept) and without it (dropped), over the "
+            "attention window; right: their gap with ± 2 standard errors over held-out windows.",
+    "arm_curves": "Training loss of each arm (its own parameters only; the model frozen; a running mean of 5 "
+                  "steps), first token dropped "
+                  "(solid) and kept (dotted), per data order; dashed: the untouched model on held-out windows.",
+    "heads": "Per head (layers the arms train): the untouched model's attention on the first token against the "
+             "trained sink's probability and the gate's mean score, first token dropped.",
+    "streaming": "Per-position loss over one long held-out text under window attention.",
+}
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _sink_rows(s: dict, uniform: float) -> list[str]:
+    """The sink table's rows: first-token attention, Sink^ε, M-Act and where it sits, drain, peak."""
+    strong = [i for i, f in enumerate(s["f_attn_per_layer"]) if f is not None and f > s["eps"]]
+    rows = [f"| F-Attn (mean over layers) | {s['f_attn']:.3f} ({s['f_attn'] / uniform:.0f}× uniform) |",
+            f"| layers with F-Attn > ε = {s['eps']:g} | {', '.join(map(str, strong)) or 'none'} |",
+            f"| Sink^ε (share of heads above ε) | {s['sink_eps']:.2f} |",
+            f"| M-Act / its ratio to the median | {s['m_act']:.0f} / {_fmt(s['m_act_ratio'], '.0f')} |"]
+    top = (s.get("m_act_channels") or {}).get("top") or []
+    if top:
+        rows.append(f"| where M-Act sits | channel {top[0]['channel']}, position {top[0]['position']}, layer "
+                    f"{top[0]['layer']} |")
+    drain = [d for d in s.get("value_drain_per_layer") or [] if d is not None]
+    peak = [p for p in s.get("residual_peak_per_layer") or [] if p is not None]
+    if drain:
+        rows.append(f"| value drain ‖v₀‖ / mean ‖vᵢ‖, lowest layer | {min(drain):.2f} |")
+    if peak:
+        rows.append(f"| residual peak ‖h₀‖ / mean ‖hᵢ‖, highest layer | {max(peak):.0f} |")
+    return rows
+
+
+def _sink_lines(r: dict) -> list[str]:
+    s, m = r["sink"], r["model"]
+    uniform = uniform_first_token_attention(s["seq_len"] - 1)
+    cut = f" (cut from {m['full_layers']}: a quick run)" if m["layers"] < m["full_layers"] else ""
+    lines = [f"{s['windows']['count']} held-out windows of {s['windows']['length']} positions, each one document "
+             f"stretch after the first token ({s['first_token']['mode']}, id {s['first_token']['id']}), no separator "
+             f"inside; uniform causal attention would put {uniform:.3f} on the first position.", "",
+             "| | this model |", "|---|---:|", *_sink_rows(s, uniform), "",
+             f"Validation loss {_fmt(s.get('val_loss'))} nats. Model: {m['name']}, {m['layers']} layers{cut}, d_model "
+             f"{m['d_model']}, {m['heads']} heads ({m['kv_heads']} KV), {m['params'] / 1e6:.0f} M parameters, fp32.", ""]
+    plain = r.get("noop_plain") or []
+    if plain:
+        lines += ["With no special first token (position 0 an ordinary text token): " + "; ".join(
+            f"{'full attention' if p['window'] == 0 else 'W ' + str(p['window'])} Δ {p['gap']:+.3f} ± "
+            f"{p['gap_se']:.3f}" for p in plain) + " nats when it is dropped.", ""]
+    return lines
+
+
+def _noop_lines(r: dict) -> list[str]:
+    lines = ["| attention | loss, first token kept | dropped | Δ (nats) |", "|---|---:|---:|---:|"]
+    for p in r["noop"]:
+        name = "full causal" if p["window"] == 0 else f"window W = {p['window']}"
+        lines.append(f"| {name} | {p['kept']:.3f} | {p['dropped']:.3f} | {p['gap']:+.3f} ± {p['gap_se']:.3f} |")
+    lines += ["", f"The arms' window: W = {r['window']} ({r['window_why']})." if r.get("window") else
+              f"No window was chosen ({r['window_why']}), so no arm trained.", ""]
+    return lines
+
+
+def _arm_lines(r: dict) -> list[str]:
+    cfg, u = r["config"], r["untouched"]
+    lines = [f"Frozen model, window W = {r['window']}; each arm trains only its own parameters in layers "
+             f"{r['start_layer']}–{r['model']['layers'] - 1} (from the first layer whose F-Attn exceeds "
+             f"{cfg['sink_layers_eps']:g}; below, the model runs untouched) with Adam for {cfg['steps']} steps of "
+             f"{cfg['batch']} × {cfg['seq_len']} training tokens, {cfg['seeds']} data orders, once with the first "
+             f"token dropped and once kept, on the same batches. Untouched model on held-out windows: "
+             f"{u['kept']:.3f} kept, {u['dropped']:.3f} dropped. Recovered = 1 − (L_arm,dropped − L_arm,kept) / "
+             "(L_dropped − L_kept): adaptation to the text, which lowers both, is taken out.", "",
+             "| arm | what | parameters | learning rate | recovered (paired) | unpaired | kept loss change |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    lrs = {"sink": cfg["sink_lr"], "gate-headwise": cfg["gate_lr"], "gate": cfg["gate_lr"],
+           "control": cfg["control_lr"]}
+    for name, a in r["arms"].items():
+        rec, unp, kept = a["recovered"], a["unpaired"], a["kept_change"]
+        lines.append(f"| `{name}` | {a['what']} | {a['params']:,} | {lrs[name]:g} | {_fmt(rec['mean'], '.2f')} ± "
+                     f"{_fmt(rec['std'], '.2f')} | {_fmt(unp['mean'], '.2f')} | {_fmt(kept['mean'], '+.3f')} |")
+    return lines + [""]
+
+
+def pretrained_section(r: dict, out: Path, heading: str = "##", title: str | None = None,
+                       prefix: str | None = None) -> list[str]:
+    """The study's lines (claims, tables, plots) for a report in ``out``; writes its plots
+    there. ``prefix`` replaces the heading's marks (a part of the main job: "## Part 2:")."""
+    made = make_plots(r, out)
+    rows = C.judge(r)
+    title = title or "a real pretrained language model, frozen"
+    lines = [f"{prefix or heading} {title} ({r['minutes']:.1f} min)", "",
+             "What the papers say the attention sink is for, tested on a pretrained model with its weights frozen: "
+             "is the first position a sink, is it needed, and can a learnable sink or an output gate take its job? "
+             f"Text: the bundled corpus ({r['text']}), training windows from its training documents, every "
+             "measurement on its validation documents, tokenized with the model's own tokenizer.", "",
+             "| source | claim | this run | verdict |", "|---|---|---|---|"]
+    lines += [f"| {c['source']} | {c['claim']} | {c['measured']} | **{c['verdict']}** |" for c in rows]
+    lines += ["", f"{heading}# The sink as it is", "", *_sink_lines(r), f"{heading}# The first token as a no-op", "",
+              *_noop_lines(r)]
+    if r.get("arms"):
+        lines += [f"{heading}# Who can take its job", "", *_arm_lines(r)]
+    for name, file in made.items():
+        lines += [f"![{name}]({file})", "", f"*{CAPTIONS[name]}*", ""]
+    return lines
+
+
+def write_pretrained_report(results: dict, out: str | Path) -> Path:
+    """``report.md`` of the study run alone."""
+    out = Path(out)
+    part, meta = results["pretrained"], results["meta"]
+    lines = ["# gatedattn: attention sinks in a real pretrained language model", "",
+             "| | |", "|---|---|", f"| command | `{meta['command']}` |", f"| machine | {meta['machine']} |",
+             f"| software | python {meta['python']}, torch {meta['torch']}, gatedattn {meta['gatedattn']} "
+             f"({meta['code_version']}) |", f"| date | {meta['started']} · {meta['duration_min']:.1f} min |", ""]
+    lines += pretrained_section(part, out, title="Results")
+    lines += ["## Reproduce", "", "```bash", meta["command"], "```", "",
+              "Every figure above comes from `results.json` beside this report.", ""]
+    return atomic_write_text(out / "report.md", "\n".join(lines))
+
+
+def pretrained_part(part: dict, out: Path, heading: str) -> list[str]:
+    """The study as a part of the main job (``heading``: "## Part N:")."""
+    return pretrained_section(part, out, heading="##", title=None, prefix=heading)

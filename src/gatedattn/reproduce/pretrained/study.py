@@ -1,0 +1,330 @@
+"""Run the real-model study: load, measure, train the arms, judge, report.
+
+Every stage's result is written to ``out/pretrained.json`` as soon as it exists, keyed by
+the config it was made with, so a second call on the same ``--out`` reuses what is done
+(every arm run on its own) and continues with the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos
+from gatedattn.errors import ConfigError
+from gatedattn.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.model import GatedLM
+from gatedattn.provenance import run_meta, say
+from gatedattn.reproduce.pretrained import claims
+from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, head_stats, train_arm
+from gatedattn.reproduce.pretrained.config import PretrainedConfig
+from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, position_losses, prefix, tail_losses
+from gatedattn.reproduce.pretrained.measure import (
+    choose_window, gap, noop_curve, noop_point, pearson, sink_figures, start_layer,
+)
+from gatedattn.reproduce.pretrained.report import write_pretrained_report
+from gatedattn.reproduce.pretrained.text import study_text
+
+NAME = "pretrained"
+STREAM_BIN = 16  # positions per point of the streaming curve
+HEAD_WINDOWS = 4  # held-out windows the per-head figures of each arm are read on
+
+
+def _say(cfg: PretrainedConfig, msg: str) -> None:
+    if cfg.progress:
+        say(NAME, msg)
+
+
+def model_path(cfg: PretrainedConfig) -> Path:
+    if cfg.model is not None:
+        return Path(cfg.model)
+    from gatedattn.hf import bundled_model_path
+
+    return bundled_model_path()
+
+
+def load(cfg: PretrainedConfig) -> tuple[GatedLM, Any, Any, dict[str, Any]]:
+    """The model (fp32, eval, frozen; cut to ``truncate_layers``), its tokenizer, the first
+    token and a description of both."""
+    from gatedattn.hf import load_model
+
+    path = model_path(cfg)
+    tokenizer = model_tokenizer(path)
+    if tokenizer is None:
+        raise ConfigError(f"PretrainedConfig.model={str(path)!r} has no tokenizer (tokenizer.json or one inside the "
+                          f"GGUF file): the study tokenizes text with the model's own")
+    model = load_model(path).float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    full_layers = model.cfg.n_layers
+    if cfg.truncate_layers and cfg.truncate_layers < full_layers:
+        model.blocks = model.blocks[:cfg.truncate_layers]
+        model.cfg = model.cfg.replace(n_layers=cfg.truncate_layers)
+    first = resolve_first_token(cfg.first_token, model.cfg, tokenizer_bos=tokenizer_bos(path, tokenizer))
+    a = model.cfg.attention
+    info = {"path": str(path), "name": path.name, "layers": model.cfg.n_layers, "full_layers": full_layers,
+            "d_model": a.d_model, "heads": a.n_heads, "kv_heads": a.n_kv_heads, "vocab": model.cfg.vocab_size,
+            "params": sum(p.numel() for p in model.parameters()), "first_token": {"mode": first.mode, "id": first.id}}
+    return model, tokenizer, first, info
+
+
+# the config fields each stage depends on (besides the model, its first token and its cut)
+_TEXT = ("model", "first_token", "truncate_layers", "seq_len")
+STAGE_FIELDS = {
+    "sink": (*_TEXT, "analysis_windows"),
+    "noop": (*_TEXT, "eval_windows", "windows"),
+    "noop_plain": (*_TEXT, "eval_windows", "windows", "window", "min_gap"),
+    "arms": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "sink_layers_eps", "steps", "batch"),
+    "streaming": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "sink_layers_eps", "steps", "batch",
+                  "sink_lr", "streaming_len"),
+}
+
+
+class Stages:
+    """The study's partial results in ``path``: each stage is kept with the config fields it
+    was made from (``STAGE_FIELDS``, plus ``extra``) and reused where they are the same."""
+
+    def __init__(self, path: Path, cfg: PretrainedConfig):
+        self.path, self.cfg = path, cfg
+        self.data: dict[str, Any] = read_json_object(path) if path.is_file() else {}
+        self.data.setdefault("stages", {})
+
+    def get(self, name: str, kind: str, make: Callable[[], Any], **extra: Any) -> Any:
+        d = self.cfg.to_dict()
+        key = json_safe({**{f: d[f] for f in STAGE_FIELDS[kind]}, **extra})
+        stage = self.data["stages"].get(name)
+        if stage is None or stage["key"] != key:
+            started = time.time()
+            stage = {"key": key, "value": json_safe(make()), "seconds": time.time() - started}
+            self.data["stages"][name] = stage
+            atomic_write_json(self.path, self.data)
+        return stage["value"]
+
+    def note(self, name: str, seconds: float) -> None:
+        """Record the seconds of work that is not a stage (the model's load)."""
+        self.data["stages"][name] = {"key": None, "value": None, "seconds": seconds}
+        atomic_write_json(self.path, self.data)
+
+    def seconds(self) -> dict[str, float]:
+        return {name: stage["seconds"] for name, stage in self.data["stages"].items()}
+
+
+def recovered(arm: dict, untouched: dict) -> float | None:
+    """1 - (arm dropped - arm kept) / (untouched dropped - untouched kept): the share of the
+    first token's loss gap the arm closes, with its adaptation to the text taken out."""
+    gap0 = untouched["dropped"] - untouched["kept"]
+    return 1 - (arm[DROPPED]["loss"] - arm[KEPT]["loss"]) / gap0 if gap0 > 0 else None
+
+
+def _mean_std(values: list[float | None]) -> dict[str, Any]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "std": None, "values": values}
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values": values}
+
+
+class _Arms:
+    """The arms' shared inputs: the frozen model, the layer they train from, the window and
+    the cached residual stream of the pool and held-out windows in both modes."""
+
+    def __init__(self, cfg: PretrainedConfig, model: GatedLM, pool, evals, start: int, window: int):
+        self.cfg, self.model, self.start, self.window = cfg, model, start, window
+        self.pool_targets, self.eval_targets = pool[:, 1:], evals[:, 1:]
+        self.eval_inputs = evals[:, :-1]
+        self.pool_hidden = {m: prefix(model, pool[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
+        self.eval_hidden = {m: prefix(model, evals[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
+
+    def eval_loss(self, model: GatedLM, mode: str) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([tail_losses(model, h, t, self.start, self.window, mode)
+                              for h, t in zip(self.eval_hidden[mode].split(4), self.eval_targets.split(4))])
+
+    def run(self, arm_name: str, seed: int, mode: str) -> dict[str, Any]:
+        """One arm trained in one mode on the pool in seed ``seed``'s order; its held-out loss,
+        training curve, per-head figures (dropped mode) and trained parameters (the sink's)."""
+        cfg, arm = self.cfg, ARM_SPECS[arm_name]
+        model, params = build_arm(self.model, arm, self.start)
+        order = torch.randperm(len(self.pool_targets), generator=torch.Generator().manual_seed(seed))
+        curve = train_arm(model, params, getattr(cfg, arm.lr_field), self.pool_hidden[mode], self.pool_targets,
+                          order, steps=cfg.steps, batch=cfg.batch, start=self.start, window=self.window, first=mode)
+        losses = self.eval_loss(model, mode)
+        out = {"loss": losses.mean().item(), "losses": losses.tolist(), "curve": curve,
+               "params": sum(p.numel() for p in params)}
+        if mode == DROPPED:
+            out["heads"] = head_stats(model, self.eval_inputs[:HEAD_WINDOWS], self.window, mode)
+            if arm_name == "sink":
+                out["sink_logits"] = [b.attn.sink.tolist() for b in model.blocks]
+        return out
+
+
+def _arm_summary(name: str, runs: list[dict], untouched: dict, base_first: list[list[float]],
+                 start: int) -> dict[str, Any]:
+    """Recovered share per seed, and per (layer >= start, head) the correlation of the
+    untouched model's first-token attention with the arm's sink probability / gate score."""
+    rec = [recovered(r, untouched) for r in runs]
+    unpaired = [(untouched["dropped"] - r[DROPPED]["loss"]) / (untouched["dropped"] - untouched["kept"])
+                if untouched["dropped"] > untouched["kept"] else None for r in runs]
+    out: dict[str, Any] = {"recovered": _mean_std(rec), "unpaired": _mean_std(unpaired),
+                           "kept_change": _mean_std([r[KEPT]["loss"] - untouched["kept"] for r in runs])}
+    alpha = [a for layer in base_first[start:] for a in layer]
+    for key in ("sink",) if name == "sink" else ("gate",) if ARM_SPECS[name].variant else ():
+        rs = []
+        for r in runs:
+            per_layer = r[DROPPED]["heads"][key][start:]
+            if any(v is None for v in per_layer):
+                continue
+            rs.append(pearson(alpha, [v for layer in per_layer for v in layer]))
+        if rs:
+            out[f"{key}_r"] = _mean_std(rs)
+            out[f"{key}_mean"] = statistics.fmean(
+                v for r in runs for layer in r[DROPPED]["heads"][key][start:] for v in layer)
+    return out
+
+
+def _streaming(cfg: PretrainedConfig, model: GatedLM, text, window: int, sink_logits: list | None) -> dict:
+    """Per-position loss over one long held-out window: full attention, window W with the
+    first token kept, dropped, and dropped with the trained sink (binned by STREAM_BIN)."""
+    row = text.long_window(cfg.streaming_len)
+    curves = {"full": position_losses(model, row, 0, "free"), "kept": position_losses(model, row, window, KEPT),
+              "dropped": position_losses(model, row, window, DROPPED)}
+    if sink_logits is not None:
+        sink_model, _ = build_arm(model, ARM_SPECS["sink"], 0)
+        with torch.no_grad():
+            for block, logits in zip(sink_model.blocks, sink_logits):
+                block.attn.sink.copy_(torch.tensor(logits))
+        curves["sink"] = position_losses(sink_model, row, window, DROPPED)
+    n = row.shape[1] - 1
+    bins = list(range(0, n, STREAM_BIN))
+    half = slice(n // 2, n)
+    return {"window": window, "tokens": n, "bin": STREAM_BIN,
+            "positions": [b + STREAM_BIN / 2 for b in bins],
+            "curves": {k: [v[b:b + STREAM_BIN].mean().item() for b in bins] for k, v in curves.items()},
+            "late_mean": {k: v[half].mean().item() for k, v in curves.items()}}
+
+
+class _Inputs:
+    """What the stages read, made on first use only: a second call whose stages are all
+    done reads neither the model nor the text."""
+
+    def __init__(self, cfg: PretrainedConfig, stages: Stages):
+        self.cfg, self.stages = cfg, stages
+
+    @functools.cached_property
+    def loaded(self) -> tuple[GatedLM, Any, Any, dict[str, Any]]:
+        started = time.time()
+        loaded = load(self.cfg)
+        self.stages.note("load", time.time() - started)
+        info = loaded[3]
+        _say(self.cfg, f"{info['name']}: {info['layers']} layers, {info['params'] / 1e6:.0f} M parameters, first "
+                       f"token {info['first_token']}")
+        return loaded
+
+    @property
+    def model(self) -> GatedLM:
+        return self.loaded[0]
+
+    @functools.cached_property
+    def text(self):
+        _, tokenizer, first, _ = self.loaded
+        return study_text(tokenizer, first.id)
+
+    def windows(self, split: str, n: int, seed: int, plain: bool = False) -> torch.Tensor:
+        text = dataclasses.replace(self.text, first=None) if plain else self.text
+        return text.windows(split, self.cfg.seq_len, n, seed=seed)
+
+    @functools.cached_property
+    def evals(self) -> torch.Tensor:
+        return self.windows("val", self.cfg.eval_windows, seed=1)
+
+
+def _arm_runs(cfg: PretrainedConfig, stages: Stages, shared: Callable[[], _Arms], name: str) -> list[dict]:
+    """Every data order of one arm, each trained with the first token dropped and kept."""
+    runs = []
+    lr = getattr(cfg, ARM_SPECS[name].lr_field)
+    for seed in range(cfg.seeds):
+        run = {mode: stages.get(f"arm/{name}/{seed}/{mode}", "arms", lambda m=mode: shared().run(name, seed, m), lr=lr)
+               for mode in (DROPPED, KEPT)}
+        runs.append(run)
+        _say(cfg, f"{name} order {seed}: held-out loss {run[DROPPED]['loss']:.3f} dropped, {run[KEPT]['loss']:.3f} "
+                  "kept")
+    return runs
+
+
+def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
+    """The whole study into ``out``; its results (what ``results.json`` holds under the
+    study's name). ``minutes``: the model's load and every stage, as they were measured
+    when they ran (a second call reuses them)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(0)
+    stages = Stages(out / "pretrained.json", cfg)
+    inp = _Inputs(cfg, stages)
+    info = stages.get("model", "sink", lambda: inp.loaded[3])
+    source = stages.get("text", "sink", lambda: inp.text.source)
+    sink = stages.get("sink", "sink", lambda: sink_figures(inp.model, inp.windows("val", cfg.analysis_windows, 0),
+                                                          inp.loaded[2]))
+    _say(cfg, f"sink: F-Attn {sink['f_attn']:.3f}, Sink^eps {sink['sink_eps']:.2f}, M-Act {sink['m_act']:.0f}")
+    curve = stages.get("noop", "noop", lambda: noop_curve(inp.model, inp.evals, cfg.windows))
+    _say(cfg, "no-op curve: " + ", ".join(f"W {p['window'] or 'full'} gap {p['gap']:+.3f}" for p in curve))
+    window, why = (cfg.window, "as configured") if cfg.window else choose_window(curve, cfg.min_gap)
+    results: dict[str, Any] = {"config": cfg.to_dict(), "model": info, "text": source,
+                               "sink": sink, "noop": curve, "window": window, "window_why": why}
+    results["noop_plain"] = stages.get("noop_plain", "noop_plain", lambda: [
+        noop_point(inp.model, inp.windows("val", cfg.eval_windows, 1, plain=True), w)
+        for w in (0, *([window] if window else []))])
+    if window is not None:
+        _arms_part(cfg, stages, inp, results)
+    results["stage_seconds"] = stages.seconds()
+    results["minutes"] = sum(results["stage_seconds"].values()) / 60
+    return results
+
+
+def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dict[str, Any]) -> None:
+    """The arms, the per-head figures and the streaming curve, into ``results``."""
+    window = results["window"]
+    start = start_layer(results["sink"]["f_attn_per_layer"], cfg.sink_layers_eps)
+    results["start_layer"] = start
+
+    @functools.cache
+    def shared() -> _Arms:
+        return _Arms(cfg, inp.model, inp.windows("train", cfg.steps * cfg.batch, 2), inp.evals, start, window)
+
+    untouched = stages.get("untouched", "noop_plain", lambda: gap(*(shared().eval_loss(inp.model, m)
+                                                                    for m in (KEPT, DROPPED))), start=start)
+    heads = stages.get("untouched_heads", "noop_plain", lambda: head_stats(inp.model, inp.evals[:HEAD_WINDOWS, :-1],
+                                                                           window, KEPT))
+    results["untouched"] = {**untouched, "heads": heads}
+    results["arms"] = {}
+    for name in cfg.arms:
+        runs = _arm_runs(cfg, stages, shared, name)
+        results["arms"][name] = {"what": ARM_SPECS[name].what, "params": runs[0][DROPPED]["params"], "runs": runs,
+                                 **_arm_summary(name, runs, untouched, heads["first"], start)}
+    sink_logits = results["arms"]["sink"]["runs"][0][DROPPED]["sink_logits"] if "sink" in results["arms"] else None
+    results["streaming"] = stages.get("streaming", "streaming",
+                                      lambda: _streaming(cfg, inp.model, inp.text, window, sink_logits),
+                                      sink=sink_logits is not None)
+
+
+def run_pretrained(cfg: PretrainedConfig, command: str | None = None) -> Path:
+    """The study alone: ``results.json`` (the study's results under its name, judged) and
+    ``report.md`` in ``cfg.out_dir``; returns the report's path."""
+    started = time.time()
+    out = Path(cfg.out_dir)
+    part = pretrained_part(cfg, out)
+    part["claims"] = claims.judge(part)
+    results = {"study": NAME, NAME: part, "meta": run_meta(command or f"gatedattn reproduce --study {NAME}", started)}
+    atomic_write_json(out / "results.json", json_safe(results))
+    return write_pretrained_report(results, out)
+
+
+def rewrite_pretrained_report(results: dict[str, Any], out: Path) -> Path:
+    """``--report-only``: the claims judged anew, the report and plots written again."""
+    results[NAME]["claims"] = claims.judge(results[NAME])
+    return write_pretrained_report(results, out)

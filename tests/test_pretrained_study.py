@@ -1,0 +1,235 @@
+"""The real-model study (gatedattn reproduce --study pretrained): its cached partial
+forward, its arms, its per-head figures, its recovery measure, its claims and its run,
+on tiny models (the bundled SmolLM2 in one slow test)."""
+
+import copy
+import json
+import shutil
+
+import pytest
+import torch
+
+from gatedattn import GatedLM, ModelConfig
+from gatedattn.analysis import analyze
+from gatedattn.cli import main
+from gatedattn.errors import ConfigError
+from gatedattn.reproduce.pretrained import claims as C
+from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, head_stats, train_arm
+from gatedattn.reproduce.pretrained.config import PretrainedConfig
+from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, prefix, tail_losses, window_losses
+from gatedattn.reproduce.pretrained.measure import choose_window, noop_curve, pearson, start_layer
+from gatedattn.reproduce.pretrained.study import recovered
+
+
+@pytest.fixture
+def micro():
+    torch.manual_seed(0)
+    return GatedLM(ModelConfig.from_preset("micro", "baseline", vocab_size=64)).eval()
+
+
+def _rows(n=4, t=17, vocab=64, first=1):
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randint(3, vocab, (n, t), generator=g)
+    rows[:, 0] = first
+    return rows
+
+
+@pytest.mark.parametrize("start", [0, 1])
+@pytest.mark.parametrize("mode", [KEPT, DROPPED])
+def test_cached_prefix_then_tail_equals_the_whole_model(micro, start, mode):
+    rows = _rows()
+    whole = window_losses(micro, rows, 4, mode)
+    with torch.no_grad():
+        split = tail_losses(micro, prefix(micro, rows[:, :-1], start, 4, mode), rows[:, 1:], start, 4, mode)
+    assert torch.allclose(whole, split, atol=1e-6)
+    other = window_losses(micro, rows, 4, DROPPED if mode == KEPT else KEPT)
+    assert not torch.allclose(whole, other, atol=1e-4)  # the modes compute different things
+
+
+@pytest.mark.parametrize("arm", ["gate-headwise", "gate", "control"])
+def test_an_arm_starts_as_the_model_and_trains_only_its_own_parameters(micro, arm):
+    rows = _rows()
+    start = 1
+    model, params = build_arm(micro, ARM_SPECS[arm], start)
+    assert params and all(p.requires_grad for p in params)
+    assert torch.allclose(window_losses(model, rows, 4, DROPPED), window_losses(micro, rows, 4, DROPPED), atol=1e-5)
+    before = copy.deepcopy(model.state_dict())
+    hidden = prefix(model, rows[:, :-1], start, 4, DROPPED)
+    curve = train_arm(model, params, 0.05, hidden, rows[:, 1:], torch.arange(len(rows)), steps=3, batch=2,
+                      start=start, window=4, first=DROPPED)
+    assert len(curve) == 3
+    trained = {id(p) for p in params}
+    for name, p in model.named_parameters():
+        changed = not torch.equal(before[name], p.detach())
+        assert changed == (id(p) in trained), name
+        assert (p.grad is None) == (id(p) not in trained), name
+    assert all(f"blocks.{start}." in n or int(n.split(".")[1]) >= start
+               for n, p in model.named_parameters() if id(p) in trained)
+
+
+def test_the_sink_arm_starts_at_logit_zero_in_the_layers_it_trains_and_absent_below(micro):
+    model, params = build_arm(micro, ARM_SPECS["sink"], 1)
+    assert [tuple(p.shape) for p in params] == [(micro.cfg.attention.n_heads,)]
+    assert torch.equal(model.blocks[1].attn.sink, torch.zeros(micro.cfg.attention.n_heads))
+    assert (model.blocks[0].attn.sink == -30).all() and not model.blocks[0].attn.sink.requires_grad
+    untrained, _ = build_arm(micro, ARM_SPECS["sink"], len(micro.blocks))  # every sink absent: the model
+    rows = _rows()
+    assert torch.allclose(window_losses(untrained, rows, 4, DROPPED), window_losses(micro, rows, 4, DROPPED),
+                          atol=1e-6)
+
+
+def test_head_stats_under_full_attention_equal_the_analysis_per_head(micro):
+    rows = _rows()
+    stats = head_stats(micro, rows[:, :-1], 0, "free")
+    ref = analyze(micro, [rows])["f_attn_per_head"]
+    assert torch.allclose(torch.tensor(stats["first"]), torch.tensor(ref), atol=1e-5)
+    assert all(abs(s) < 1e-6 for layer in stats["sink"] for s in layer)  # no sink: no sink mass
+    assert stats["gate"] == [None] * len(micro.blocks)
+    dropped = head_stats(micro, rows[:, :-1], 0, DROPPED)
+    assert all(f < 1e-6 for layer in dropped["first"] for f in layer)  # nothing may see the first position
+
+
+def test_head_stats_read_the_gate_score_and_the_sink_probability(micro):
+    rows = _rows()
+    model, _ = build_arm(micro, ARM_SPECS["gate-headwise"], 0)
+    gates = head_stats(model, rows[:, :-1], 4, DROPPED)["gate"]
+    assert all(abs(g - 0.5) < 1e-6 for layer in gates for g in layer)  # identity init: a constant 0.5
+    sinky, _ = build_arm(micro, ARM_SPECS["sink"], 0)
+    with torch.no_grad():
+        for b in sinky.blocks:
+            b.attn.sink.fill_(50.0)  # a sink that takes everything
+    stats = head_stats(sinky, rows[:, :-1], 4, DROPPED)
+    assert all(s > 0.999 for layer in stats["sink"] for s in layer)
+
+
+def test_recovered_takes_the_arms_adaptation_to_the_text_out():
+    untouched = {"kept": 3.0, "dropped": 4.0}
+    # an arm that lowers both modes by the same 0.5 (adaptation) recovers nothing
+    assert recovered({DROPPED: {"loss": 3.5}, KEPT: {"loss": 2.5}}, untouched) == pytest.approx(0.0)
+    assert recovered({DROPPED: {"loss": 3.0}, KEPT: {"loss": 3.0}}, untouched) == pytest.approx(1.0)
+    assert recovered({DROPPED: {"loss": 3.75}, KEPT: {"loss": 3.0}}, untouched) == pytest.approx(0.25)
+    assert recovered({DROPPED: {"loss": 3.0}, KEPT: {"loss": 3.0}}, {"kept": 3.0, "dropped": 3.0}) is None
+
+
+def test_choose_window_takes_the_widest_clear_gap_and_start_layer_the_first_sink_layer():
+    curve = [{"window": 0, "gap": 0.001, "gap_se": 0.001}, {"window": 128, "gap": 0.2, "gap_se": 0.01},
+             {"window": 64, "gap": 0.5, "gap_se": 0.2}, {"window": 32, "gap": 0.9, "gap_se": 0.05}]
+    assert choose_window(curve, 0.25)[0] == 32  # 128: too small a gap; 64: within 4 standard errors
+    assert choose_window(curve, 5.0)[0] is None
+    assert start_layer([0.01, 0.2, 0.5, 0.1], 0.3) == 2 and start_layer([0.1, 0.2], 0.3) == 0
+    assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0) and pearson([1, 1], [1, 2]) is None
+
+
+def test_noop_curve_full_attention_kept_is_the_model_as_it_is(micro):
+    rows = _rows()
+    curve = noop_curve(micro, rows, (4,))
+    assert [p["window"] for p in curve] == [0, 4]
+    with torch.no_grad():
+        logits = micro(rows[:, :-1])
+    plain = torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten())
+    assert curve[0]["kept"] == pytest.approx(plain.item(), abs=1e-5)
+
+
+def _results(**changes):
+    """A results dict of the study, as the run writes it (figures chosen for the claim under test)."""
+    r = {"config": {"arms": ["sink", "gate-headwise", "control"]},
+         "sink": {"f_attn": 0.37, "sink_eps": 0.54, "seq_len": 256, "m_act": 24000.0, "m_act_ratio": 14000.0,
+                  "m_act_channels": {"top": [{"channel": 507, "position": 0, "layer": 11}]}},
+         "window": 32, "start_layer": 12,
+         "noop": [{"window": 0, "kept": 3.0, "dropped": 3.002, "gap": 0.002, "gap_se": 0.002},
+                  {"window": 32, "kept": 3.3, "dropped": 4.3, "gap": 1.0, "gap_se": 0.05}],
+         "arms": {"sink": {"params": 162, "recovered": {"mean": 0.95, "std": 0.02, "values": [0.94, 0.97]},
+                           "sink_r": {"mean": 0.8, "std": 0.05, "values": [0.75, 0.85]}, "sink_mean": 0.4},
+                  "gate-headwise": {"params": 93_000, "recovered": {"mean": 0.3, "std": 0.05, "values": [0.25, 0.35]},
+                                    "gate_r": {"mean": -0.1, "std": 0.1, "values": [0.0, -0.2]}, "gate_mean": 0.5},
+                  "control": {"params": 10_000, "recovered": {"mean": 0.05, "std": 0.02, "values": [0.03, 0.07]}}},
+         "streaming": {"tokens": 1024, "window": 32,
+                       "late_mean": {"kept": 3.0, "dropped": 4.0, "sink": 3.1, "full": 2.9}}}
+    r.update(changes)
+    return r
+
+
+def _verdicts(r):
+    return {row["key"]: row["verdict"] for row in C.judge(r)}
+
+
+def test_claims_are_judged_by_their_rules():
+    v = _verdicts(_results())
+    assert v["lm-sink"] == v["lm-massive"] == v["lm-window"] == v["lm-noop"] == "held"
+    assert v["lm-sink-arm"] == "held" and v["lm-gate-arm"] == "did not hold" and v["lm-control"] == "held"
+    assert v["lm-sink-heads"] == "held" and v["lm-gate-heads"] == "did not hold" and v["lm-streaming"] == "held"
+    assert "lm-gate-elem-arm" not in v  # an arm the study did not ask for is left out
+    flat = _results(sink={**_results()["sink"], "f_attn": 0.02, "sink_eps": 0.0, "m_act_ratio": 20.0})
+    assert _verdicts(flat)["lm-sink"] == _verdicts(flat)["lm-massive"] == "did not hold"
+    weak = _results(noop=[{"window": 0, "kept": 3.0, "dropped": 3.0, "gap": 0.0, "gap_se": 0.01},
+                          {"window": 32, "kept": 3.0, "dropped": 3.02, "gap": 0.02, "gap_se": 0.01}])
+    wv = _verdicts(weak)
+    assert wv["lm-window"] == "did not hold" and wv["lm-noop"] == wv["lm-sink-arm"] == "not measurable"
+    noisy = _results()
+    noisy["arms"]["control"]["recovered"] = {"mean": 0.9, "std": 0.3, "values": [0.7, 1.1]}
+    nv = _verdicts(noisy)
+    assert nv["lm-sink-arm"] == "not measurable" and nv["lm-control"] == "did not hold"
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"first_token": "eos"}, "first_token='eos' is not allowed"),
+    ({"windows": (16, 300)}, "must be below seq_len=256"),
+    ({"arms": ("sink", "lora")}, "arms='lora' is not allowed"),
+    ({"steps": 0}, "steps=0 must be >"),
+    ({"streaming_len": 64, "windows": (16, 128)}, "streaming_len=64 must exceed"),
+])
+def test_bad_config_is_one_line(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        PretrainedConfig(**fields)
+
+
+def _tiny_model_dir(tmp_path, default_corpus_dir):
+    """A micro model in the bundled corpus's tokenizer (random weights), saved as a model directory."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(default_corpus_dir / "tokenizer.json"))
+    cfg = ModelConfig.from_preset("micro", "baseline", vocab_size=tok.get_vocab_size(),
+                                  bos_token_id=tok.token_to_id("<|bos|>"))
+    torch.manual_seed(0)
+    d = tmp_path / "tiny-lm"
+    GatedLM(cfg).save_pretrained(d)
+    shutil.copy(default_corpus_dir / "tokenizer.json", d / "tokenizer.json")
+    return d
+
+
+@pytest.mark.slow
+def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path, default_corpus_dir, monkeypatch):
+    model = _tiny_model_dir(tmp_path, default_corpus_dir)
+    out = tmp_path / "study"
+    args = ["reproduce", "--study", "pretrained", "--quick", "--model", str(model), "--out", str(out), "-q",
+            "--set", "truncate_layers=0", "--set", "arms=sink,gate-headwise,gate,control"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    part = results["pretrained"]
+    assert part["model"]["first_token"]["mode"] == "bos" and part["window"] == 8
+    assert set(part["arms"]) == {"sink", "gate-headwise", "gate", "control"}
+    for arm in part["arms"].values():
+        assert len(arm["runs"]) == 1 and set(arm["runs"][0]) == {DROPPED, KEPT}
+    assert {c["key"] for c in part["claims"]} >= {"lm-sink", "lm-window", "lm-sink-arm", "lm-control"}
+    report = (out / "report.md").read_text()
+    for png in ("lm_sink_profile.png", "lm_first_token_map.png", "lm_noop_curve.png", "lm_arm_training.png",
+                "lm_heads.png", "lm_streaming.png"):
+        assert (out / png).is_file() and png in report
+    assert main(["reproduce", "--study", "pretrained", "--out", str(out), "--report-only"]) == 0
+    assert (out / "report.md").read_text() == report  # byte for byte
+    # a second run reuses every finished stage, and reads neither the model nor the text
+    stages = json.loads((out / "pretrained.json").read_text())
+    from gatedattn.reproduce.pretrained import study
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a finished study loaded the model again")
+
+    monkeypatch.setattr(study, "load", refuse)
+    assert main(args) == 0
+    monkeypatch.undo()
+    assert json.loads((out / "pretrained.json").read_text())["stages"] == stages["stages"]
+    # a changed learning rate trains that arm again and reuses everything else
+    assert main([*args, "--set", "control_lr=0.01"]) == 0
+    again = json.loads((out / "pretrained.json").read_text())["stages"]
+    changed = {name for name in again if again[name] != stages["stages"][name]}
+    assert changed == {"arm/control/0/drop", "arm/control/0/keep", "load"}  # the model read again for it
