@@ -332,7 +332,8 @@ def test_every_study_is_registered_once_with_its_flags():
     from gatedattn.reproduce.studies import STUDIES, STUDY_OF_CONFIG
     from gatedattn.settings import settings
 
-    assert list(STUDIES) == ["main", "text", "mechanism", "lr", "rank", "calibrate", "calibrate-mechanism"]
+    assert list(STUDIES) == ["main", "pretrained", "text", "mechanism", "lr", "rank", "calibrate",
+                             "calibrate-mechanism"]
     assert len(STUDY_OF_CONFIG) == len(STUDIES)  # one config class per study
     parser_flags = {a for action in build_parser("reproduce")._subparsers._group_actions[0].choices["reproduce"]._actions
                     for a in action.option_strings}
@@ -345,7 +346,7 @@ def test_every_study_is_registered_once_with_its_flags():
         for flag, spec in study.flags.items():  # every flag sets a key its config has
             assert spec.key in keys or spec.key.split(".")[0] in keys, (study.name, flag)
         assert getattr(study.config, "STUDY", study.name) == study.name  # a config names the study it runs
-    assert STUDIES["main"].parts == ("mechanism", "text")
+    assert STUDIES["main"].parts == ("mechanism", "pretrained", "text")
     assert [s.key for s in STUDIES.values() if s.key] == ["lr_study", "rank_sweep"]
 
 

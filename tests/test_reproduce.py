@@ -38,8 +38,12 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
     mech = results["mechanism"]
     assert set(mech["depths"]["1"]["summary"]) == {"baseline", "gated"} and mech["minutes"] > 0
     assert (out / "mechanism" / "runs" / "baseline-L1-s0" / "mechanism.json").is_file()
-    assert report.index("## Part 1: the attention sink") < report.index("## Part 2: natural text") < \
-        report.index("## Setup")
+    assert report.index("## Part 1: the attention sink") < report.index("## Part 2: a real pretrained") < \
+        report.index("## Part 3: natural text") < report.index("## Setup")
+    lm = results["pretrained"]  # part 2: the bundled model, cut to 4 layers in a quick run, and said so
+    assert lm["model"]["layers"] == 4 and "cut from 30" in report and {c["key"] for c in lm["claims"]} >= {"lm-sink"}
+    assert lm["sink"]["f_attn_per_layer"][3] > 0.3  # SmolLM2's fourth layer already parks its attention on position 0
+    assert (out / "lm_noop_curve.png").stat().st_size > 1000 and "(lm_noop_curve.png)" in report
     assert "(bos_attention_L1.png)" in report and (out / "bos_attention_L1.png").stat().st_size > 1000
     assert "each run here trained 0.04 M tokens" in report
     from gatedattn.reproduce.report import write_report  # a section hook adds its lines before "Reproduce"
@@ -52,16 +56,19 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["gated"]["val_loss"] == before
     assert again["mechanism"]["depths"] == mech["depths"]  # part 1's runs reused too
+    assert again["pretrained"]["arms"] == lm["arms"]  # and part 2's stages
     # --report-only rewrites the report from results.json alone, judging the claims anew
     written = (out / "report.md").read_text()
     tampered = {**again, "claims": [], "mechanism": {**again["mechanism"], "depths": {
-        d: {**b, "claims": []} for d, b in again["mechanism"]["depths"].items()}}}
+        d: {**b, "claims": []} for d, b in again["mechanism"]["depths"].items()}},
+        "pretrained": {**again["pretrained"], "claims": []}}
     (out / "results.json").write_text(json.dumps(tampered))
     assert main(["reproduce", "--quick", "--out", str(out), "--report-only"]) == 0
     assert (out / "report.md").read_text() == written
-    assert json.loads((out / "results.json").read_text())["claims"] == again["claims"]
-    # without part 1 the report starts with part 2's setup
-    text_only = {k: v for k, v in again.items() if k != "mechanism"}
+    rewritten = json.loads((out / "results.json").read_text())
+    assert rewritten["claims"] == again["claims"] and rewritten["pretrained"]["claims"] == again["pretrained"]["claims"]
+    # without the other parts the report starts with natural text's setup
+    text_only = {k: v for k, v in again.items() if k not in ("mechanism", "pretrained")}
     plain = write_report(text_only, tmp_path / "text-only").read_text()
     assert "## Part 1" not in plain and "## Part 2" not in plain and "## Setup" in plain
 

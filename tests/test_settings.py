@@ -42,8 +42,10 @@ TRAIN_VALUES = {
     "keep_checkpoints": ("5", 5), "log_every": ("4", 4), "skip_nonfinite": ("true", True),
     "spike_margin": ("0.3", 0.3), "spike_window": ("20", 20), "diverge_factor": ("3", 3.0),
     "overfit_batches": ("2", 2), "stop_at_step": ("2", 2), "fsdp": ("true", True), "progress": ("false", False),
-    "tensorboard": ("false", False), "activation_checkpointing": ("2", 2),
+    "tensorboard": ("false", False), "activation_checkpointing": ("2", 2), "trainable": ("gates,sink", ("gates", "sink")),
 }
+# keys whose value needs other files (a model to start from): tested where they are built (test_train_init_from)
+TRAIN_SPECIAL = {"init_from"}
 REPRODUCE_VALUES = {
     "variants": ("gated,hyga", ("gated", "hyga")), "seeds": ("2", 2), "budget_minutes": ("5", 5.0),
     "steps": ("none", None), "out_dir": ("r2", "r2"), "evals": ("3", 3), "analysis_sequences": ("16", 16),
@@ -58,6 +60,13 @@ REPRODUCE_VALUES = {
     "mechanism.weight_decay": ("0.1", 0.1), "mechanism.grad_clip": ("1", 1.0),
     "mechanism.train_tokens": ("65536", 65536), "mechanism.n_chars": ("20", 20), "mechanism.n_triggers": ("2", 2),
     "mechanism.evals": ("4", 4), "mechanism.analysis_sequences": ("64", 64), "mechanism.workers": ("1", 1),
+    "pretrained.model": ("m.gguf", "m.gguf"), "pretrained.first_token": ("none", "none"),
+    "pretrained.seq_len": ("128", 128), "pretrained.analysis_windows": ("3", 3), "pretrained.eval_windows": ("5", 5),
+    "pretrained.windows": ("8,32", (8, 32)), "pretrained.window": ("16", 16), "pretrained.min_gap": ("0.5", 0.5),
+    "pretrained.arms": ("sink,gate", ("sink", "gate")), "pretrained.seeds": ("3", 3), "pretrained.steps": ("7", 7),
+    "pretrained.batch": ("2", 2), "pretrained.sink_lr": ("0.5", 0.5), "pretrained.gate_lr": ("0.02", 0.02),
+    "pretrained.control_lr": ("0.01", 0.01), "pretrained.sink_layers_eps": ("0.4", 0.4),
+    "pretrained.streaming_len": ("200", 200), "pretrained.truncate_layers": ("2", 2), "pretrained.threads": ("1", 1),
 }
 # a key that is only valid together with another setting
 NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"]}
@@ -90,8 +99,8 @@ def _check_train_key(cfg: TrainConfig, key: str, path: tuple[str, ...], expected
 
 def test_every_train_key_reaches_the_model_or_the_trainer():
     base = TrainConfig(preset="micro", variant="gated")
-    known = settings(TrainConfig)
-    assert {s.key for s in known} == set(TRAIN_VALUES)
+    known = [s for s in settings(TrainConfig) if s.key not in TRAIN_SPECIAL]
+    assert {s.key for s in settings(TrainConfig)} == set(TRAIN_VALUES) | TRAIN_SPECIAL
     for s in known:
         text, expected = TRAIN_VALUES[s.key]
         cfg = apply_sets(base, [*NEEDS.get(s.key, []), f"{s.key}={text}"])
@@ -107,14 +116,15 @@ def test_every_reproduce_key_reaches_the_reproduction_or_every_run():
     base = ReproduceConfig.quick(preset="micro")
     known = settings(ReproduceConfig)
     train_keys = {s.key for s in known if s.path[0] == "train"}
-    excluded = {"out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant", "compile"}
+    excluded = {"out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant", "compile",
+                "init_from", "trainable"}
     assert train_keys == {f"train.{k}" for k in TRAIN_VALUES if k not in excluded}
     assert {s.key for s in known if s.path[0] != "train"} == set(REPRODUCE_VALUES)
     for s in known:
         if s.path[0] != "train":
             text, expected = REPRODUCE_VALUES[s.key]
             cfg = apply_sets(base, [*REPRODUCE_NEEDS.get(s.key, []), f"{s.key}={text}"])
-            owner = cfg.mechanism if s.path[0] == "mechanism" else cfg  # part 1's config, or the reproduction's
+            owner = getattr(cfg, s.path[0]) if s.path[0] in ("mechanism", "pretrained") else cfg  # a part's config
             assert getattr(owner, s.path[-1]) == expected, s.key
             continue
         rel = s.key[len("train."):]

@@ -123,7 +123,8 @@ def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
     assert "share of G1's" in (tmp_path / "rank" / "report.md").read_text()
 
     report = reproduce(ReproduceConfig.quick(variants=("baseline", "gated"), multiples=(1,), fold=(str(tmp_path / "rank"),),
-                                             out_dir=str(tmp_path / "main"), mechanism=None, **base)).read_text()
+                                             out_dir=str(tmp_path / "main"), mechanism=None, pretrained=None,
+                                             **base)).read_text()
     results = json.loads((tmp_path / "main" / "results.json").read_text())
     assert results["rank_sweep"] == sweep and results["folded"][0]["studies"] == ["rank_sweep"]
     assert "## HyGA low-rank width: loss against gate cost" in report and (tmp_path / "main" / "rank_sweep.png").is_file()

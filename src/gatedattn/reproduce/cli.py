@@ -117,7 +117,13 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the study's config (repeatable; "
                                                                        "the main job's keys below)")
     p.add_argument("--no-mechanism", action="store_true",
-                   help="the main job without its first part (the Bigram-Backcopy mechanism study): natural text only")
+                   help="the main job without its mechanism part (the Bigram-Backcopy study)")
+    p.add_argument("--no-pretrained", action="store_true",
+                   help="the main job without its real-model part")
+    p.add_argument("--model", help="--study pretrained (and the main job's real-model part): the model, a .gguf file or "
+                                   "a model directory (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--first-token", help="--study pretrained: the first position, bos (the model's BOS, default), "
+                                         "none (an ordinary text token) or a token id")
     p.add_argument("--report-only", action="store_true",
                    help="write report.md and the plots again from --out's results.json (no training; the claims "
                         "judged anew)")

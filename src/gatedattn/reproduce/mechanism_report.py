@@ -151,3 +151,19 @@ def run_study(cfg: MechanismConfig, command: str | None = None) -> Path:
     results["meta"] = study_meta(command, started)
     atomic_write_json(out / "results.json", json_safe(results))
     return write_mechanism_report(results, out)
+
+
+def mechanism_part(mech: dict, out: Path, heading: str) -> list[str]:
+    """The mechanism study as a part of the main job (``heading``: "## Part N:"): its
+    claims, tables and plots."""
+    recipe = MechanismConfig.from_dict(mech["config"]).describe()
+    lines = [f"{heading} the attention sink and its removal, on a task built to show it ({mech['minutes']:.1f} min)", "",
+             "One-head models learn the Bigram-Backcopy task (Guo et al. 2024): on *trigger* characters the next "
+             "token copies the one before the trigger; everywhere else it is a bigram draw, so an ordinary "
+             "position has nothing to attend to. A softmax head that must copy on triggers parks the other "
+             "positions' attention on BOS: the attention sink. The claims below say whether it formed, whether "
+             "the output gate removed it (the gate closes instead), and whether a learnable sink took its mass. "
+             f"Recipe: {recipe} (chosen by the mechanism calibration, `gatedattn reproduce --study "
+             "calibrate-mechanism`). Claims at several layers are judged at the baseline's strongest layer.", ""]
+    lines += mechanism_section(mech, out, heading="###", title=False)
+    return lines

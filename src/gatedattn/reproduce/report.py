@@ -10,12 +10,12 @@ from gatedattn.analysis import plots
 from gatedattn.analysis.registry import TEXT_METRICS, columns
 from gatedattn.fmt import fmt_cell
 from gatedattn.io import atomic_write_text
-from gatedattn.reproduce.mechanism import MechanismConfig
-from gatedattn.reproduce.mechanism_report import mechanism_section
 from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM, judge_all
 
 # A report section: (results, output directory) -> markdown lines; it may write plots there.
 Section = Callable[[dict, Path], list[str]]
+# A part of the main job before its natural-text part: (its results, output directory, its heading) -> lines
+Part = Callable[[dict, Path, str], list[str]]
 
 SUMMARY_COLUMNS = columns(TEXT_METRICS)
 OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon (hidden matrices) + AdamW"}
@@ -164,9 +164,12 @@ def _setup_table(results: dict) -> list[str]:
     return ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
 
 
-def write_report(results: dict, out: str | Path, sections: Sequence[Section] = ()) -> Path:
-    """Write ``report.md`` and its plots into ``out``; returns the report path. Each of
-    ``sections`` adds its lines (and plots) before the closing "Reproduce" section."""
+def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (),
+                 parts: Sequence[tuple[str, Part]] = ()) -> Path:
+    """Write ``report.md`` and its plots into ``out``; returns the report path. ``parts``:
+    the main job's parts before natural text, as (results key, writer), each written as
+    "Part N" where ``results`` holds it. Each of ``sections`` adds its lines (and plots)
+    before the closing "Reproduce" section."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made = make_plots(results, out)
@@ -178,8 +181,8 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
         "*Hybrid Gated Attention* (HyGA): each variant is trained from the same initial seed on the same "
         "batches in the same order for the same number of tokens, then analysed on held-out text.",
         "",
-        *_mechanism_part(results, out),
-        *_text_intro(results),
+        *(lines_ for lines_ in _parts(results, out, parts)),
+        *_text_intro(results, sum(1 for key, _ in parts if results.get(key))),
         "## Setup",
         "",
         *_setup_table(results),
@@ -252,32 +255,24 @@ NATURAL_SINK_TOKENS = ("natural-text sinks need far more training than a CPU giv
                        "pretrained on billions of tokens")
 
 
-def _mechanism_part(results: dict, out: Path) -> list[str]:
-    """Part 1 of the main job: the mechanism study's claims, tables and plots."""
-    mech = results.get("mechanism")
-    if not mech:
-        return []
-    recipe = MechanismConfig.from_dict(mech["config"]).describe()
-    lines = [f"## Part 1: the attention sink and its removal, on a task built to show it ({mech['minutes']:.1f} min)", "",
-             "One-head models learn the Bigram-Backcopy task (Guo et al. 2024): on *trigger* characters the next "
-             "token copies the one before the trigger; everywhere else it is a bigram draw, so an ordinary "
-             "position has nothing to attend to. A softmax head that must copy on triggers parks the other "
-             "positions' attention on BOS: the attention sink. The claims below say whether it formed, whether "
-             "the output gate removed it (the gate closes instead), and whether a learnable sink took its mass. "
-             f"Recipe: {recipe} (chosen by the mechanism calibration, `gatedattn reproduce --study "
-             "calibrate-mechanism`). Claims at several layers are judged at the baseline's strongest layer.", ""]
-    lines += mechanism_section(mech, out, heading="###", title=False)
+def _parts(results: dict, out: Path, parts: Sequence[tuple[str, Part]]) -> list[str]:
+    """The lines of every part ``results`` holds, numbered in order."""
+    lines: list[str] = []
+    present = [(key, part) for key, part in parts if results.get(key)]
+    for number, (key, part) in enumerate(present, 1):
+        lines += part(results[key], out, f"## Part {number}:")
     return lines
 
 
-def _text_intro(results: dict) -> list[str]:
-    """Part 2's heading and its one-sentence scale statement (with what the budget cut)."""
-    if not results.get("mechanism"):
+def _text_intro(results: dict, n_parts: int) -> list[str]:
+    """The natural-text part's heading (after ``n_parts`` others) and its one-sentence
+    scale statement (with what the budget cut)."""
+    if not n_parts:
         return []
     cfg = results["config"]
     tokens = cfg.get("steps", 0) * cfg.get("batch_tokens", 0)
     minutes = results.get("text_minutes")
-    lines = ["## Part 2: natural text" + (f" ({minutes:.1f} min)" if minutes else ""), "",
+    lines = [f"## Part {n_parts + 1}: natural text" + (f" ({minutes:.1f} min)" if minutes else ""), "",
              f"**Scale:** {NATURAL_SINK_TOKENS}; each run here trained {tokens / 1e6:.2f} M tokens, so the "
              "natural-text verdicts below say what forms at this scale, not what the papers measured.", ""]
     if cfg.get("cuts"):

@@ -22,6 +22,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from collections.abc import Sequence
 from typing import Any, Callable, ClassVar, Mapping
 
 import torch
@@ -37,6 +38,9 @@ from gatedattn.model import GatedLM
 from gatedattn.precision import resolve_dtype
 from gatedattn.provenance import run_meta, say
 from gatedattn.reproduce.claims import judge_all
+from gatedattn.reproduce.pretrained.claims import judge as judge_pretrained
+from gatedattn.reproduce.pretrained.config import PretrainedConfig
+from gatedattn.reproduce.pretrained.study import pretrained_part
 from gatedattn.reproduce.mechanism import (
     MechanismConfig, build_results as mechanism_results, judge_depths, train_runs,
 )
@@ -66,7 +70,8 @@ def _base_train() -> TrainConfig:
 # TrainConfig fields that the reproduction sets for each run itself (the base recipe's
 # variant only stands in for the gated ones, so that gate settings are checked at once)
 _PER_RUN = ("out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant",
-            "compile")  # the study's own ``compile`` decides it
+            "compile",  # the study's own ``compile`` decides it
+            "init_from", "trainable")  # its runs train from scratch, every parameter
 # the names ``TextConfig.make`` routes into ``train``
 _TRAIN_NAMES = frozenset({f.name for f in dataclasses.fields(TrainConfig)} | {"variant", "preset", "model_overrides"})
 
@@ -217,19 +222,27 @@ class ReproduceConfig(TextConfig):
     out_dir: str = option("runs/reproduce", help="output directory")
     fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
                                             "report's claims table")
+    budget_minutes: float | None = option(15.0, gt=0, help="wall-clock budget of the natural-text part: time each "
+                                                           "variant's training step first and fit the steps to it "
+                                                           "(instead of steps)")
     mechanism: MechanismConfig | None = field(default_factory=MechanismConfig, metadata={
-        "help": "the Bigram-Backcopy mechanism study that opens the main job (None: natural text only)",
+        "help": "the Bigram-Backcopy mechanism study that opens the main job (None: left out)",
+        "exclude": ("out_dir", "progress")})
+    pretrained: PretrainedConfig | None = field(default_factory=PretrainedConfig, metadata={
+        "help": "the real-model study, the main job's second part (None: left out)",
         "exclude": ("out_dir", "progress")})
 
     def __post_init__(self) -> None:
-        if self.mechanism is not None and not isinstance(self.mechanism, MechanismConfig):
-            raise ConfigError(f"ReproduceConfig.mechanism must be a MechanismConfig or None, "
-                              f"got {type(self.mechanism).__name__}")
+        for name, kind in (("mechanism", MechanismConfig), ("pretrained", PretrainedConfig)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(f"ReproduceConfig.{name} must be a {kind.__name__} or None, "
+                                  f"got {type(value).__name__}")
         super().__post_init__()
 
     @classmethod
     def _quick_fields(cls) -> dict[str, Any]:
-        return {"mechanism": MechanismConfig.quick()}
+        return {"mechanism": MechanismConfig.quick(), "pretrained": PretrainedConfig.quick()}
 
 
 def _route_train_fields(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
@@ -533,18 +546,22 @@ def add_strongest_layer(results: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------ entry points
-def reproduce(cfg: TextConfig, command: str | None = None, *, mechanism: MechanismConfig | None = None,
+def reproduce(cfg: TextConfig, command: str | None = None, *, parts: Sequence[MainPart] = (),
               fold: tuple[str, ...] = (), foldable: Mapping[str, Section] = MappingProxyType({})) -> Path:
-    """The natural-text study of ``cfg``, after the mechanism study ``mechanism`` (its
-    runs in ``out/mechanism``) where one is given, with the studies written in the
+    """The natural-text study of ``cfg``, after the main job's other ``parts`` (each run
+    into ``out``, its results under its key), with the studies written in the
     directories ``fold`` joined to its claims; writes ``results.json`` and ``report.md``;
     returns the report's path. ``foldable``: the results key of each study that may be
     folded in, with its report section (from the study registry)."""
     started = time.time()
     folds = read_folds(fold, tuple(foldable))
     out, data_dir, data, results = _start(cfg)
-    if mechanism is not None:
-        results["mechanism"] = run_mechanism_part(mechanism, out)
+    for part in parts:
+        part_started = time.time()
+        _say(f"{part.key}: starting")
+        results[part.key] = part.run(out)
+        results[part.key].setdefault("minutes", (time.time() - part_started) / 60)
+        _say(f"{part.key} done in {results[part.key]['minutes']:.1f} min")
         atomic_write_json(out / "results.json", json_safe(results))
     cfg, steps, step_s, cuts = text_part(cfg, data_dir, data, out, results)
     add_strongest_layer(results)
@@ -562,7 +579,8 @@ def reproduce(cfg: TextConfig, command: str | None = None, *, mechanism: Mechani
     results["meta"] = _meta(cfg, data, command, started)
     results["claims"] = judge_all(results)
     atomic_write_json(out / "results.json", json_safe(results))
-    return write_report(results, out, sections=list(foldable.values()))
+    return write_report(results, out, sections=list(foldable.values()),
+                        parts=[(p.key, p.section) for p in parts])
 
 
 def run_apart(cfg: TextConfig, command: str | None, key: str, study: Callable[..., dict[str, Any]],
@@ -637,21 +655,40 @@ def rejudge(results: dict[str, Any]) -> dict[str, Any]:
     study's at each depth, the natural-text study's (for ``--report-only``)."""
     if results.get("mechanism"):
         judge_depths(results["mechanism"])
+    if results.get("pretrained"):
+        results["pretrained"]["claims"] = judge_pretrained(results["pretrained"])
     if results.get("variants"):
         results["claims"] = judge_all(results)
     return results
 
 
+@dataclass(frozen=True)
+class MainPart:
+    """A part of the main job before natural text: its results key, ``run(out) -> results``
+    and its report writer."""
+
+    key: str
+    run: Callable[[Path], dict[str, Any]]
+    section: Callable[[dict, Path, str], list[str]]
+
+
 def run_mechanism_part(mcfg: MechanismConfig, out: Path) -> dict[str, Any]:
-    """The main job's first part: the mechanism study in ``out/mechanism`` (its runs are
+    """The mechanism study as a part of the main job, in ``out/mechanism`` (its runs are
     reused by a second call); its results, with the wall time it took."""
     started = time.time()
     mcfg = mcfg.replace(out_dir=str(out / "mechanism"), progress=True)
-    _say(f"part 1: the mechanism study ({len(mcfg.plan())} runs of {mcfg.steps} steps, {mcfg.workers} at a time)")
+    _say(f"the mechanism study ({len(mcfg.plan())} runs of {mcfg.steps} steps, {mcfg.workers} at a time)")
     records = train_runs(mcfg, Path(mcfg.out_dir))
     results = mechanism_results(mcfg, mcfg.task(), records)
     results["minutes"] = (time.time() - started) / 60
-    _say(f"part 1 done in {results['minutes']:.1f} min; part 2: natural text")
+    return results
+
+
+def run_pretrained_part(pcfg: PretrainedConfig, out: Path) -> dict[str, Any]:
+    """The real-model study as a part of the main job, in ``out/pretrained`` (finished
+    stages are reused by a second call); its results, judged."""
+    results = pretrained_part(pcfg.replace(out_dir=str(out / "pretrained")), out / "pretrained")
+    results["claims"] = judge_pretrained(results)
     return results
 
 

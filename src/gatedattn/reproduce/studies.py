@@ -15,6 +15,7 @@ run apart and fold into the main report with ``--fold DIR``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -26,12 +27,17 @@ from gatedattn.reproduce.calibration import CalibrationConfig, rewrite_calibrati
 from gatedattn.reproduce.lr_study import CLAIMS as LR_CLAIMS, KEY as LR_KEY, LrConfig, lr_section, run_lr, write_lr_report
 from gatedattn.reproduce.mechanism import MechanismConfig, judge_depths
 from gatedattn.reproduce.mechanism_calibration import MechCalibrationConfig, run_mechanism_calibration
-from gatedattn.reproduce.mechanism_report import run_study as run_mechanism, write_mechanism_report
+from gatedattn.reproduce.mechanism_report import mechanism_part, run_study as run_mechanism, write_mechanism_report
 from gatedattn.reproduce.rank_sweep import (
     CLAIMS as RANK_CLAIMS, KEY as RANK_KEY, RankConfig, rank_section, run_rank, write_rank_report,
 )
 from gatedattn.reproduce.report import Section, write_report
-from gatedattn.reproduce.runner import ReproduceConfig, TextConfig, rejudge, reproduce
+from gatedattn.reproduce.pretrained.config import PretrainedConfig
+from gatedattn.reproduce.pretrained.report import pretrained_part
+from gatedattn.reproduce.pretrained.study import NAME as PRETRAINED, rewrite_pretrained_report, run_pretrained
+from gatedattn.reproduce.runner import (
+    MainPart, ReproduceConfig, TextConfig, rejudge, reproduce, run_mechanism_part, run_pretrained_part,
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,16 @@ def _fold_sections() -> dict[str, Section]:
     return {s.key: s.section for s in STUDIES.values() if s.key and s.section}
 
 
+def _main_parts(cfg: ReproduceConfig | None = None) -> list[MainPart]:
+    """The main job's parts before natural text, in order (those its config leaves out
+    left out; with no config, every one, for writing a report again)."""
+    parts = [("mechanism", run_mechanism_part, mechanism_part), ("pretrained", run_pretrained_part, pretrained_part)]
+    return [MainPart(key, functools.partial(run, getattr(cfg, key)) if cfg is not None else None, section)
+            for key, run, section in parts if cfg is None or getattr(cfg, key) is not None]
+
+
 def _run_main(cfg: ReproduceConfig, command: str | None) -> Path:
-    return reproduce(cfg, command, mechanism=cfg.mechanism, fold=cfg.fold, foldable=_fold_sections())
+    return reproduce(cfg, command, parts=_main_parts(cfg), fold=cfg.fold, foldable=_fold_sections())
 
 
 def _run_text(cfg: TextConfig, command: str | None) -> Path:
@@ -93,7 +107,8 @@ def _run_text(cfg: TextConfig, command: str | None) -> Path:
 
 
 def _text_report(results: dict[str, Any], out: Path) -> Path:
-    return write_report(rejudge(results), out, sections=list(_fold_sections().values()))
+    return write_report(rejudge(results), out, sections=list(_fold_sections().values()),
+                        parts=[(p.key, p.section) for p in _main_parts()])
 
 
 def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
@@ -101,9 +116,17 @@ def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
 
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study("main", "the main job: the mechanism study, then natural text", ReproduceConfig,
-          {**_RUN_APART, "--fold": Flag("fold"), "--no-mechanism": Flag("mechanism", value=None, switch=True)},
-          _run_main, report=_text_report, parts=("mechanism", "text")),
+    Study("main", "the main job: the mechanism study, the real-model study, then natural text", ReproduceConfig,
+          {**_RUN_APART, "--fold": Flag("fold"), "--no-mechanism": Flag("mechanism", value=None, switch=True),
+           "--no-pretrained": Flag("pretrained", value=None, switch=True), "--model": Flag("pretrained.model")},
+          _run_main, report=_text_report, parts=("mechanism", PRETRAINED, "text")),
+    Study(PRETRAINED, "a real pretrained LM, frozen: its attention sink and massive activations, whether the sink "
+                      "is needed, and whether a learnable sink or an output gate can take its job (default: the "
+                      "bundled SmolLM2-135M-Instruct)", PretrainedConfig,
+          {"--model": Flag("model"), "--steps": Flag("steps"), "--seeds": Flag("seeds"), "--seq-len": Flag("seq_len"),
+           "--first-token": Flag("first_token"), _OUT: Flag("out_dir", only_flag=True),
+           _QUIET: Flag("progress", value=False, switch=True)},
+          run_pretrained, report=rewrite_pretrained_report),
     Study("text", "the natural-text study alone (the main job's second part)", TextConfig, _RUN_APART, _run_text,
           report=_text_report),
     Study("mechanism", "the Bigram-Backcopy mechanism study (attention sinks in one-head models, minutes on a CPU)",
