@@ -228,6 +228,9 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
     assert main(args) == 0
     monkeypatch.undo()
     assert json.loads((out / "pretrained.json").read_text())["stages"] == stages["stages"]
+    seconds = {name: st["seconds"] for name, st in stages["stages"].items()}
+    assert part["minutes"] == pytest.approx(sum(seconds.values()) / 60)  # the model's load counted once
+    assert seconds["model"] < seconds["load"]
     # a changed learning rate trains that arm again and reuses everything else
     assert main([*args, "--set", "control_lr=0.01"]) == 0
     again = json.loads((out / "pretrained.json").read_text())["stages"]

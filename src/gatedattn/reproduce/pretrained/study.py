@@ -92,6 +92,7 @@ class Stages:
 
     def __init__(self, path: Path, cfg: PretrainedConfig):
         self.path, self.cfg = path, cfg
+        self._noted = 0.0
         self.data: dict[str, Any] = read_json_object(path) if path.is_file() else {}
         self.data.setdefault("stages", {})
 
@@ -100,14 +101,17 @@ class Stages:
         key = json_safe({**{f: d[f] for f in STAGE_FIELDS[kind]}, **extra})
         stage = self.data["stages"].get(name)
         if stage is None or stage["key"] != key:
-            started = time.time()
-            stage = {"key": key, "value": json_safe(make()), "seconds": time.time() - started}
+            started, noted = time.time(), self._noted
+            value = json_safe(make())
+            # the seconds of a note made meanwhile (the model's load) are counted there, not twice
+            stage = {"key": key, "value": value, "seconds": time.time() - started - (self._noted - noted)}
             self.data["stages"][name] = stage
             atomic_write_json(self.path, self.data)
         return stage["value"]
 
     def note(self, name: str, seconds: float) -> None:
         """Record the seconds of work that is not a stage (the model's load)."""
+        self._noted += seconds
         self.data["stages"][name] = {"key": None, "value": None, "seconds": seconds}
         atomic_write_json(self.path, self.data)
 
