@@ -380,3 +380,20 @@ def test_bundled_smollm2_matches_transformers():
     expected = logits(ref, ids)
     torch.testing.assert_close(logits(ours, ids), expected, atol=1e-4, rtol=0)
     assert expected[0, -1].argmax() == logits(ours, ids)[0, -1].argmax()
+
+
+def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama_file, capsys, tmp_path, monkeypatch):
+    from gatedattn.cli import main
+
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path))  # the peak it times stays out of the user's cache
+    path, _ = llama_file
+    assert main(["bench", "--real-model", str(path), "--quick", "--dtype", "fp32", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    rows = {r["kind"]: r for r in res["rows"]}
+    assert set(rows) == {"forward", "train", "frozen", "decode"}
+    for kind in ("forward", "train", "decode"):
+        assert rows[kind]["ours_s"] > 0 and rows[kind]["hf_s"] > 0 and rows[kind]["speedup"] > 0
+    assert rows["frozen"]["hf_s"] is None and res["frozen_over_full"] > 0
+    assert 0 < rows["forward"]["ours_mfu"] and res["precision"]["dtype"] == "fp32"
+    assert main(["bench", "--real-model", str(path), "--variants", "gated"]) == 2
+    assert "--variants do not apply to --real-model" in capsys.readouterr().err

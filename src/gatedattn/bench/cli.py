@@ -36,6 +36,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.out is not None:
         check_writable(args.out, "--out")  # before minutes of timing, not after
+    if args.real_model is not None:
+        return _run_real_model(args)
     given = {"device": args.device, "dtype": args.dtype, "compile": args.compile}
     if args.variants:
         given["variants"] = args.variants
@@ -48,6 +50,30 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         atomic_write_json(args.out, res)
     print(json.dumps(res, indent=2) if args.json else format_markdown(res))
+    return 0
+
+
+def _run_real_model(args: argparse.Namespace) -> int:
+    from gatedattn.bench.real_model import format_real_model, run_real_model_bench
+    from gatedattn.errors import ConfigError
+    from gatedattn.io import atomic_write_json
+
+    others = [flag for flag, given in (("--variants", args.variants), ("--compile", args.compile),
+                                       ("--device cuda", args.device == "cuda"), ("--max-spread", args.max_spread),
+                                       ("--time-cap", args.time_cap)) if given]
+    if others:
+        raise ConfigError(f"{', '.join(others)} do not apply to --real-model (a CPU comparison with transformers' "
+                          f"LlamaForCausalLM); it takes --dtype, --repeats, --warmup, --quick, --json and --out")
+    shape = dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0) if args.quick else {}
+    for name in ("repeats", "warmup"):
+        if getattr(args, name) is not None:
+            if getattr(args, name) < (1 if name == "repeats" else 0):
+                raise ConfigError(f"--{name} must be >= {1 if name == 'repeats' else 0}, got {getattr(args, name)}")
+            shape[name] = getattr(args, name)
+    res = run_real_model_bench(args.real_model or None, dtype=args.dtype, **shape)
+    if args.out:
+        atomic_write_json(args.out, res)
+    print(json.dumps(res, indent=2) if args.json else format_real_model(res))
     return 0
 
 
@@ -74,4 +100,8 @@ def register(sub) -> None:
                                                   "rounds are added (default 120; --quick 0: exactly --repeats)")
     p.add_argument("--quick", action="store_true", help="tiny shapes and 2 repeats: a smoke test of seconds")
     p.add_argument("--out", help="also write the results as JSON to this file")
+    p.add_argument("--real-model", nargs="?", const="", metavar="PATH",
+                   help="instead: our GatedLM against transformers' LlamaForCausalLM on the same pretrained weights "
+                        "(a .gguf file or a model directory; default the bundled SmolLM2-135M): analysis forward, "
+                        "training step, frozen-model step (learnable sinks only) and greedy decoding, with MFU")
     p.set_defaults(func=_run)

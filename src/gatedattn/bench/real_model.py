@@ -1,0 +1,146 @@
+"""``gatedattn bench --real-model [PATH]``: our ``GatedLM`` against transformers'
+``LlamaForCausalLM`` on the same pretrained weights (default: the bundled SmolLM2 GGUF).
+
+Workloads, timed in interleaved rounds (``gatedattn.timing``), ours and transformers' alike:
+
+- ``forward``: the analysis forward, logits of ``batch`` x ``seq_len`` tokens, no gradients;
+- ``train``: a full training step, forward, backward and AdamW on every parameter;
+- ``frozen``: ours only, the step of the real-model study: every weight frozen, a learnable
+  sink per head the only trainable parameter (its ratio to our full step);
+- ``decode``: greedy generation of ``decode_new`` tokens after a ``seq_len`` prompt.
+
+Each row shows the median seconds, ours / transformers' speedup, model FLOP/s
+(:mod:`gatedattn.mfu`) and MFU against this machine's measured peak of the dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from gatedattn.mfu import forward_flops, mfu, peak_flops
+from gatedattn.precision import resolve_dtype
+from gatedattn.timing import interleaved_times
+
+
+def _hf_model(path: Path):
+    """transformers' own model of the file (GGUF) or directory, float32, eval."""
+    from transformers import AutoModelForCausalLM
+
+    from gatedattn.hf.load import quiet_transformers
+
+    with quiet_transformers():
+        if path.is_file():
+            return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                        dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def _train_step(model: torch.nn.Module, ids: torch.Tensor, logits_of: Callable, precision) -> Callable[[], None]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-6)
+
+    def step() -> None:
+        with precision.autocast("cpu"):
+            logits = logits_of(model, ids[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def _ours(model, ids):
+    return model(ids)
+
+
+def _theirs(model, ids):
+    return model(input_ids=ids, use_cache=False).logits
+
+
+def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision) -> dict[str, Callable[[], Any]]:
+    """name -> call: ``{ours,hf}:{forward,train,decode}`` and ``ours:frozen``."""
+    from gatedattn.hf import add_gates
+
+    frozen = add_gates(copy.deepcopy(ours), "sink", init="identity")
+    for name, p in frozen.named_parameters():
+        p.requires_grad_(name.endswith(".sink"))
+    prompt = ids[:, :-1]
+
+    def forward(model, logits_of):
+        def run():
+            with torch.no_grad(), precision.autocast("cpu"):
+                logits_of(model, prompt)
+        return run
+
+    def decode_ours():
+        with torch.no_grad(), precision.autocast("cpu"):
+            ours.generate(prompt, decode_new, temperature=0)
+
+    def decode_theirs():
+        with torch.no_grad(), precision.autocast("cpu"):
+            theirs.generate(prompt, max_new_tokens=decode_new, min_new_tokens=decode_new, do_sample=False)
+
+    return {"ours:forward": forward(ours, _ours), "hf:forward": forward(theirs, _theirs),
+            "ours:train": _train_step(ours, ids, _ours, precision), "hf:train": _train_step(theirs, ids, _theirs, precision),
+            "ours:frozen": _train_step(frozen, ids, _ours, precision),
+            "ours:decode": decode_ours, "hf:decode": decode_theirs}
+
+
+def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto", batch: int = 4, seq_len: int = 256,
+                         decode_new: int = 16, repeats: int = 3, warmup: int = 1) -> dict[str, Any]:
+    """Time every workload; a JSON-ready dict with one row per workload kind."""
+    from gatedattn.hf import bundled_model_path, load_model
+
+    path = Path(path) if path is not None else bundled_model_path()
+    precision = resolve_dtype(dtype, "cpu")
+    ours = load_model(path).train()
+    theirs = _hf_model(path).train()
+    cfg = ours.cfg
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    times = interleaved_times(workloads(ours, theirs, ids, decode_new, precision), repeats=repeats, warmup=warmup)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    peak = peak_flops(precision.dtype)
+    fwd = forward_flops(cfg, seq_len) * batch
+    flops = {"forward": fwd, "train": 3 * fwd, "frozen": None, "decode": None}
+    rows = []
+    for kind in ("forward", "train", "frozen", "decode"):
+        o, h = median[f"ours:{kind}"], median.get(f"hf:{kind}")
+        row = {"kind": kind, "ours_s": o, "hf_s": h, "speedup": h / o if h else None,
+               "ours_samples": times[f"ours:{kind}"], "hf_samples": times.get(f"hf:{kind}")}
+        if flops[kind] is not None:
+            row.update(ours_flops_per_s=flops[kind] / o, ours_mfu=mfu(flops[kind] / o, peak.flops_per_s),
+                       hf_flops_per_s=flops[kind] / h, hf_mfu=mfu(flops[kind] / h, peak.flops_per_s))
+        rows.append(row)
+    frozen_ratio = median["ours:frozen"] / median["ours:train"]
+    return {"model": str(path), "precision": precision.as_dict(), "batch": batch, "seq_len": seq_len,
+            "decode_new": decode_new, "repeats": repeats, "peak": peak.to_dict(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            "rows": rows, "frozen_over_full": frozen_ratio}
+
+
+def format_real_model(res: dict[str, Any]) -> str:
+    """The results as a Markdown table."""
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f} %"
+
+    lines = [f"# Real-model bench: {Path(res['model']).name}", "",
+             f"{res['batch']} x {res['seq_len']} tokens, decode {res['decode_new']} new tokens; "
+             f"{res['precision']['dtype']} ({res['precision']['reason']}); CPU capability {res['cpu_capability']}, "
+             f"{res['threads']} threads; peak {res['peak']['flops_per_s'] / 1e9:.0f} GFLOP/s "
+             f"({res['peak']['source']}); medians of {res['repeats']} interleaved rounds.", "",
+             "| workload | ours (s) | transformers (s) | speedup | ours MFU | transformers MFU |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        hf = "–" if r["hf_s"] is None else f"{r['hf_s']:.3f}"
+        speed = "–" if r["speedup"] is None else f"{r['speedup']:.3f}"
+        lines.append(f"| {r['kind']} | {r['ours_s']:.3f} | {hf} | {speed} | {pct(r.get('ours_mfu'))} | "
+                     f"{pct(r.get('hf_mfu'))} |")
+    lines += ["", f"Frozen-model step (learnable sinks only) / full step: {res['frozen_over_full']:.3f}.", ""]
+    return "\n".join(lines)
