@@ -3,7 +3,8 @@
 
 Workloads, timed in interleaved rounds (``gatedattn.timing``), ours and transformers' alike:
 
-- ``forward``: the analysis forward, logits of ``batch`` x ``seq_len`` tokens, no gradients;
+- ``forward``: the analysis forward, logits of ``batch`` x ``seq_len`` tokens, no gradients,
+  eval mode;
 - ``train``: a full training step, forward, backward and AdamW on every parameter;
 - ``frozen``: ours only, the step of the real-model study: every weight frozen, a learnable
   sink per head the only trainable parameter (its ratio to our full step);
@@ -46,6 +47,7 @@ def _train_step(model: torch.nn.Module, ids: torch.Tensor, logits_of: Callable, 
     opt = torch.optim.AdamW(params, lr=1e-6)
 
     def step() -> None:
+        model.train()
         with precision.autocast("cpu"):
             logits = logits_of(model, ids[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
@@ -75,15 +77,18 @@ def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision) -> di
 
     def forward(model, logits_of):
         def run():
+            model.eval()  # as the analysis runs it
             with torch.no_grad(), precision.autocast("cpu"):
                 logits_of(model, prompt)
         return run
 
     def decode_ours():
+        ours.eval()
         with torch.no_grad(), precision.autocast("cpu"):
             ours.generate(prompt, decode_new, temperature=0)
 
     def decode_theirs():
+        theirs.eval()
         with torch.no_grad(), precision.autocast("cpu"):
             theirs.generate(prompt, max_new_tokens=decode_new, min_new_tokens=decode_new, do_sample=False)
 
@@ -100,8 +105,8 @@ def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto",
 
     path = Path(path) if path is not None else bundled_model_path()
     precision = resolve_dtype(dtype, "cpu")
-    ours = load_model(path).train()
-    theirs = _hf_model(path).train()
+    ours = load_model(path)
+    theirs = _hf_model(path)
     cfg = ours.cfg
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
     times = interleaved_times(workloads(ours, theirs, ids, decode_new, precision), repeats=repeats, warmup=warmup)
