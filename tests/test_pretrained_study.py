@@ -159,6 +159,7 @@ def test_claims_are_judged_by_their_rules():
     assert v["lm-sink-arm"] == "held" and v["lm-gate-arm"] == "did not hold" and v["lm-control"] == "held"
     assert v["lm-sink-heads"] == "held" and v["lm-gate-heads"] == "did not hold" and v["lm-streaming"] == "held"
     assert "lm-gate-elem-arm" not in v  # an arm the study did not ask for is left out
+    assert v["lm-retrofit"] == "not measurable"  # not run by default
     flat = _results(sink={**_results()["sink"], "f_attn": 0.02, "sink_eps": 0.0, "m_act_ratio": 20.0})
     assert _verdicts(flat)["lm-sink"] == _verdicts(flat)["lm-massive"] == "did not hold"
     weak = _results(noop=[{"window": 0, "kept": 3.0, "dropped": 3.0, "gap": 0.0, "gap_se": 0.01},
@@ -202,7 +203,7 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
     model = _tiny_model_dir(tmp_path, default_corpus_dir)
     out = tmp_path / "study"
     args = ["reproduce", "--study", "pretrained", "--quick", "--model", str(model), "--out", str(out), "-q",
-            "--set", "truncate_layers=0", "--set", "arms=sink,gate-headwise,gate,control"]
+            "--set", "truncate_layers=0", "--set", "arms=sink,gate-headwise,gate,control", "--set", "continued_steps=2"]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     part = results["pretrained"]
@@ -210,8 +211,13 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
     assert set(part["arms"]) == {"sink", "gate-headwise", "gate", "control"}
     for arm in part["arms"].values():
         assert len(arm["runs"]) == 1 and set(arm["runs"][0]) == {DROPPED, KEPT}
-    assert {c["key"] for c in part["claims"]} >= {"lm-sink", "lm-window", "lm-sink-arm", "lm-control"}
+    assert {c["key"] for c in part["claims"]} >= {"lm-sink", "lm-window", "lm-sink-arm", "lm-control", "lm-retrofit"}
+    continued = part["continued"]  # App. A.7: the whole model trained on, with and without a retrofitted gate
+    assert len(continued["baseline"]["curve"]) == len(continued["gated"]["curve"]) == 2
+    assert continued["baseline"]["curve"][0] == pytest.approx(continued["gated"]["curve"][0], abs=1e-4)  # identity init
+    assert continued["gated"]["loss"] != continued["before"]["loss"]
     report = (out / "report.md").read_text()
+    assert "continued pretraining (App. A.7)" in report
     for png in ("lm_sink_profile.png", "lm_first_token_map.png", "lm_noop_curve.png", "lm_arm_training.png",
                 "lm_heads.png", "lm_streaming.png"):
         assert (out / png).is_file() and png in report

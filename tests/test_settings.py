@@ -67,6 +67,7 @@ REPRODUCE_VALUES = {
     "pretrained.batch": ("2", 2), "pretrained.sink_lr": ("0.5", 0.5), "pretrained.gate_lr": ("0.02", 0.02),
     "pretrained.control_lr": ("0.01", 0.01), "pretrained.sink_layers_eps": ("0.4", 0.4),
     "pretrained.streaming_len": ("200", 200), "pretrained.truncate_layers": ("2", 2), "pretrained.threads": ("1", 1),
+    "pretrained.continued_steps": ("3", 3), "pretrained.continued_lr": ("1e-5", 1e-5),
 }
 # a key that is only valid together with another setting
 NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"]}

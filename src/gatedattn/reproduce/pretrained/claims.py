@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from gatedattn.analysis.metrics import differs_beyond_noise
 from gatedattn.reproduce.claims import (
-    HELD, MASSIVE_RATIO, NOT_HELD, NOT_MEASURABLE, SINK_OVER_UNIFORM, Verdict, uniform_first_token_attention,
+    HELD, MASSIVE_RATIO, NOT_HELD, NOT_MEASURABLE, REDUCTION, SINK_OVER_UNIFORM, Verdict, uniform_first_token_attention,
 )
 
 RECOVERS = 0.5  # an arm must close at least half of the first token's loss gap, in every data order
@@ -166,6 +166,19 @@ def _streaming(r: dict) -> Verdict:
     return Verdict(HELD if m["sink"] - m["kept"] <= (1 - RECOVERS) * lost else NOT_HELD, text)
 
 
+def _retrofit(r: dict) -> Verdict:
+    c = r.get("continued")
+    if c is None:
+        return Verdict(NOT_MEASURABLE, "not run (`--set continued_steps=N` trains the whole model on, with and "
+                                       "without the gate)")
+    b, g = c["baseline"], c["gated"]
+    text = (f"after {c['steps']} steps ({c['tokens']:,} tokens): F-Attn {c['before']['f_attn']:.3f} before, "
+            f"{b['f_attn']:.3f} without the gate, {g['f_attn']:.3f} with it; loss {c['before']['loss']:.3f} → "
+            f"{b['loss']:.3f} / {g['loss']:.3f}; one run each")
+    kept = g["f_attn"] > REDUCTION * b["f_attn"]  # the sink is not removed
+    return Verdict(HELD if kept else NOT_HELD, text)
+
+
 # (key, source, claim, judge, the arm it needs: a claim about an arm the study did not train is left out)
 CLAIMS: list[tuple[str, str, str, Callable[[dict], Verdict], str | None]] = [
     ("lm-sink", "Xiao et al. 2024; Gu et al. 2025", "A pretrained LM parks attention on its first position "
@@ -189,6 +202,8 @@ CLAIMS: list[tuple[str, str, str, Callable[[dict], Verdict], str | None]] = [
      _on_sink_heads("gate-headwise", "gate", -1), "gate-headwise"),
     ("lm-streaming", "StreamingLLM", "Streaming without the first token keeps its loss with the trained sink",
      _needs_gap(_streaming), "sink"),
+    ("lm-retrofit", "Qiu et al. 2025, App. A.7", "A gate retrofitted during continued pretraining does not remove the "
+     f"sink (gated F-Attn above {100 * REDUCTION:.0f} % of the ungated run's)", _retrofit, None),
 ]
 
 

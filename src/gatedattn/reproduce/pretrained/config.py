@@ -42,6 +42,10 @@ class PretrainedConfig:
     sink_layers_eps: float = option(0.2, gt=0, lt=1, help="arms train in the layers from the first whose F-Attn "
                                                           "exceeds this (the layers below run frozen and are cached)")
     streaming_len: int = option(1024, ge=16, help="tokens of the streaming curve (one held-out document)")
+    continued_steps: int = option(0, ge=0, help="Qiu et al. App. A.7: steps of continued pretraining of the whole "
+                                                "model, with and without a retrofitted G1 gate, on the same windows "
+                                                "(0: off; minutes per step on a CPU)")
+    continued_lr: float = option(1e-4, gt=0, help="AdamW learning rate of the continued pretraining")
     truncate_layers: int = option(0, ge=0, help="keep only the model's first N layers (0: all; --quick uses it)")
     threads: int = option(0, ge=0, help="torch threads (0: as many as the machine has cores)")
     out_dir: str = option("runs/reproduce-pretrained", help="output directory")

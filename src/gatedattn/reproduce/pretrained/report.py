@@ -97,6 +97,19 @@ def _arm_lines(r: dict) -> list[str]:
     return lines + [""]
 
 
+def _continued_lines(r: dict) -> list[str]:
+    c, cfg = r["continued"], r["config"]
+    lines = [f"The whole model trained on for {c['steps']} steps of {cfg['batch']} × {cfg['seq_len']} tokens (AdamW, LR "
+             f"{cfg['continued_lr']:g}, full causal attention), as it is and with a G1 gate retrofitted (identity "
+             "init), on the same windows in the same order; one run each.", "",
+             "| | held-out loss | F-Attn | Sink^ε | M-Act / median |", "|---|---:|---:|---:|---:|"]
+    for name, label in (("before", "before"), ("baseline", "trained on, no gate"), ("gated", "trained on, gated")):
+        m = c[name]
+        lines.append(f"| {label} | {m['loss']:.3f} | {m['f_attn']:.3f} | {m['sink_eps']:.2f} | "
+                     f"{m['m_act']:.0f} / {_fmt(m['m_act_ratio'], '.0f')} |")
+    return lines + [""]
+
+
 def pretrained_section(r: dict, out: Path, heading: str = "##", title: str | None = None,
                        prefix: str | None = None) -> list[str]:
     """The study's lines (claims, tables, plots) for a report in ``out``; writes its plots
@@ -115,6 +128,8 @@ def pretrained_section(r: dict, out: Path, heading: str = "##", title: str | Non
               *_noop_lines(r)]
     if r.get("arms"):
         lines += [f"{heading}# Who can take its job", "", *_arm_lines(r)]
+    if r.get("continued"):
+        lines += [f"{heading}# A gate retrofitted during continued pretraining (App. A.7)", "", *_continued_lines(r)]
     for name, file in made.items():
         lines += [f"![{name}]({file})", "", f"*{CAPTIONS[name]}*", ""]
     return lines

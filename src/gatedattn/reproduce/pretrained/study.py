@@ -7,6 +7,7 @@ the config it was made with, so a second call on the same ``--out`` reuses what 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import statistics
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos
 from gatedattn.errors import ConfigError
@@ -24,7 +26,7 @@ from gatedattn.provenance import run_meta, say
 from gatedattn.reproduce.pretrained import claims
 from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, head_stats, train_arm
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
-from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, position_losses, prefix, tail_losses
+from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, position_losses, prefix, tail_losses, window_losses
 from gatedattn.reproduce.pretrained.measure import (
     choose_window, gap, noop_curve, noop_point, pearson, sink_figures, start_layer,
 )
@@ -83,6 +85,7 @@ STAGE_FIELDS = {
     "arms": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "sink_layers_eps", "steps", "batch"),
     "streaming": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "sink_layers_eps", "steps", "batch",
                   "sink_lr", "streaming_len"),
+    "continued": (*_TEXT, "analysis_windows", "eval_windows", "batch", "continued_steps", "continued_lr"),
 }
 
 
@@ -285,9 +288,49 @@ def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
         for w in (0, *([window] if window else []))])
     if window is not None:
         _arms_part(cfg, stages, inp, results)
+    if cfg.continued_steps:
+        results["continued"] = stages.get("continued", "continued", lambda: _continued(cfg, inp))
     results["stage_seconds"] = stages.seconds()
     results["minutes"] = sum(results["stage_seconds"].values()) / 60
     return results
+
+
+def _continued(cfg: PretrainedConfig, inp: _Inputs) -> dict[str, Any]:
+    """Qiu et al. App. A.7 at CPU scale: the whole model trained on, as it is and with a G1
+    gate retrofitted (identity init), on the same windows in the same order; each one's
+    sink figures and held-out loss (full causal attention) after, beside the model's before."""
+    from gatedattn.hf import add_gates
+
+    pool = inp.windows("train", cfg.continued_steps * cfg.batch, 3)
+    analysis = inp.windows("val", cfg.analysis_windows, 0)
+
+    def measure(model: GatedLM) -> dict[str, Any]:
+        figures = sink_figures(model.eval(), analysis, inp.loaded[2])
+        loss = window_losses(model, inp.evals, 0, "free").mean().item()
+        return {"loss": loss, **{k: figures[k] for k in ("f_attn", "sink_eps", "m_act", "m_act_ratio")}}
+
+    out: dict[str, Any] = {"before": measure(inp.model), "steps": cfg.continued_steps,
+                           "tokens": cfg.continued_steps * cfg.batch * cfg.seq_len}
+    for name, variant in (("baseline", None), ("gated", "gated")):
+        model = copy.deepcopy(inp.model)
+        if variant is not None:
+            add_gates(model, variant, init="identity")
+        for p in model.parameters():
+            p.requires_grad_(True)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.continued_lr)
+        curve = []
+        model.train()
+        for rows in pool.split(cfg.batch):
+            logits = model(rows[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        out[name] = {**measure(model), "curve": curve}
+        _say(cfg, f"continued pretraining, {name}: held-out loss {out[name]['loss']:.3f}, "
+                  f"F-Attn {out[name]['f_attn']:.3f}")
+    return out
 
 
 def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dict[str, Any]) -> None:
