@@ -203,12 +203,12 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
     model = _tiny_model_dir(tmp_path, default_corpus_dir)
     out = tmp_path / "study"
     args = ["reproduce", "--study", "pretrained", "--quick", "--model", str(model), "--out", str(out), "-q",
-            "--set", "truncate_layers=0", "--set", "arms=sink,gate-headwise,gate,control", "--set", "continued_steps=2"]
+            "--set", "truncate_layers=0", "--set", "arms=sink,gate-headwise,control", "--set", "continued_steps=2"]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     part = results["pretrained"]
     assert part["model"]["first_token"]["mode"] == "bos" and part["window"] == 8
-    assert set(part["arms"]) == {"sink", "gate-headwise", "gate", "control"}
+    assert set(part["arms"]) == {"sink", "gate-headwise", "control"}
     for arm in part["arms"].values():
         assert len(arm["runs"]) == 1 and set(arm["runs"][0]) == {DROPPED, KEPT}
     assert {c["key"] for c in part["claims"]} >= {"lm-sink", "lm-window", "lm-sink-arm", "lm-control", "lm-retrofit"}
