@@ -4,6 +4,7 @@ and the two plots drawn from them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -79,25 +80,25 @@ def test_value_drain_and_residual_peak_equal_a_hand_computation():
     assert len(r["value_drain_per_head"][0]) == Hkv == 2
 
 
+def captured(model, ids, part: str) -> dict:
+    """Per layer, what the ``ProbeCore``'s ``part`` module (``probs`` or ``values``) outputs
+    for ``ids``, in float64; every layer's own core is back afterwards."""
+    out = {}
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        for i, blk in enumerate(model.blocks):
+            core = stack.enter_context(blk.attn.with_core(ProbeCore()))
+            hook = getattr(core, part).register_forward_hook(
+                lambda m, inp, o, i=i: out.__setitem__(i, o.detach().double()))
+            stack.callback(hook.remove)
+        model(ids)
+    return out
+
+
 def test_f_attn_per_head_equals_a_hand_computation():
     model = perturbed("gated")
     b = batch()
     r = analyze(model, [b])
-    probs = {}
-    saved = [blk.attn.core for blk in model.blocks]
-    handles = []
-    for i, blk in enumerate(model.blocks):
-        blk.attn.core = ProbeCore()
-        handles.append(blk.attn.core.probs.register_forward_hook(
-            lambda m, inp, out, i=i: probs.__setitem__(i, out.detach().double())))
-    try:
-        with torch.no_grad():
-            model(b[:, :-1])
-    finally:
-        for hd in handles:
-            hd.remove()
-        for blk, core in zip(model.blocks, saved):
-            blk.attn.core = core
+    probs = captured(model, b[:, :-1], "probs")
     for i in range(model.cfg.n_layers):
         p = probs[i]  # (B, H, T, T)
         want = [p[:, h, 1:, 0].mean().item() for h in range(p.shape[1])]
@@ -110,21 +111,7 @@ def test_the_value_states_are_those_the_attention_mixes():
     model = perturbed("g2-value")
     b = batch()
     r = analyze(model, [b])
-    seen = {}
-    saved = [blk.attn.core for blk in model.blocks]
-    handles = []
-    for i, blk in enumerate(model.blocks):
-        blk.attn.core = ProbeCore()
-        handles.append(blk.attn.core.values.register_forward_hook(
-            lambda m, inp, out, i=i: seen.__setitem__(i, out.detach().double())))
-    try:
-        with torch.no_grad():
-            model(b[:, :-1])
-    finally:
-        for hd in handles:
-            hd.remove()
-        for blk, core in zip(model.blocks, saved):
-            blk.attn.core = core
+    seen = captured(model, b[:, :-1], "values")
     ungated, _ = by_hand(model, b[:, :-1])
     for i in range(model.cfg.n_layers):
         norms = seen[i].norm(dim=-1)  # (B, Hkv, T)
