@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from gatedattn.model import GatedLM
+from gatedattn.models.lm import GatedLM
 from gatedattn.train import TrainConfig, build_optimizer
 
 

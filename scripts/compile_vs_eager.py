@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from gatedattn.data import TokenData
-from gatedattn.precision import resolve_dtype
+from gatedattn.infra.precision import resolve_dtype
 from gatedattn.reproduce.runner import TextConfig, ensure_data, time_compiled
 
 

@@ -6,9 +6,9 @@ import torch
 
 from gatedattn import GatedLM, ModelConfig
 from gatedattn.data import TokenData
-from gatedattn.errors import ConfigError, GatedAttnError
-from gatedattn.model import Block
-from gatedattn.settings import apply_sets
+from gatedattn.infra.errors import ConfigError, GatedAttnError
+from gatedattn.models.lm import Block
+from gatedattn.infra.settings import apply_sets
 from gatedattn.train.trainer import Trainer
 from test_train import data_dir, make_cfg  # noqa: F401  (the module's corpus fixture)
 

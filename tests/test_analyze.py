@@ -21,12 +21,12 @@ from gatedattn.analysis.analyze import (
 )
 from gatedattn.analysis.metrics import first_token_attention, massive_activation, sink_fraction, sink_scores
 from gatedattn.analysis.probe import Probe, hooked
-from gatedattn.config import RopeConfig
+from gatedattn.layers.config import RopeConfig
 from gatedattn.analysis.probe import ProbeCore
 from gatedattn.analysis.windows import document_windows, val_documents
 from gatedattn.data import TokenData, prepare
-from gatedattn.errors import GatedAttnError
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.models.lm import GatedLM, ModelConfig
 
 V = 97
 REQUIRED_KEYS = {

@@ -16,7 +16,7 @@ from gatedattn import GatedLM, ModelConfig
 from gatedattn.analysis import analyze, first_position_norm_ratio, plots
 from gatedattn.analysis.metrics import FirstPositionNorms, TopActivations
 from gatedattn.analysis.probe import ProbeCore
-from gatedattn.config import RopeConfig
+from gatedattn.layers.config import RopeConfig
 
 V = 50
 NEW_KEYS = ("value_drain_per_layer", "value_drain_per_head", "residual_peak_per_layer", "m_act_channels",

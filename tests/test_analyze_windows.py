@@ -25,8 +25,8 @@ from gatedattn.analysis import (
 )
 from gatedattn.analysis.windows import parse_first_token, tokenizer_bos
 from gatedattn.data import TokenData, prepare
-from gatedattn.errors import GatedAttnError
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.models.lm import GatedLM, ModelConfig
 
 WORDS = "the gate sink softmax token layer head query key value attention model loss".split()
 

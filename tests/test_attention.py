@@ -198,7 +198,7 @@ def test_partial_rope_leaves_tail_channels_unrotated():
     cfg = AttentionConfig(d_model=32, n_heads=2, head_dim=16, rope=__import__("gatedattn").RopeConfig(fraction=0.25))
     layer = Attention(cfg)
     assert layer.rotary.rot_dim == 4
-    from gatedattn.rope import apply_rope
+    from gatedattn.layers.rope import apply_rope
     x = torch.randn(1, 5, 2, 16)
     cos, sin = layer.rotary.cos_sin(torch.arange(5)[None], x.dtype)
     y = apply_rope(x, cos, sin)

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gatedattn.cli import main
-from gatedattn.errors import GatedAttnError
-from gatedattn.integrity import record
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.integrity import record
 
 WORDS = "the gate sink softmax token layer head query key value attention model loss".split()
 
@@ -517,7 +517,7 @@ def test_every_bad_invocation_is_one_line_with_no_files(fx, capsys, monkeypatch)
 
 # ------------------------------------------------------------------------------ Python API
 def api_cases(f):
-    from gatedattn.model import GatedLM
+    from gatedattn.models.lm import GatedLM
     from gatedattn.train import TrainConfig, train
 
     from gatedattn.hf import export_hf, load_model

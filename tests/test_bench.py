@@ -17,10 +17,10 @@ from gatedattn.bench.report import format_markdown
 from gatedattn.bench.runner import add_ratios, decode_rate, decode_spread
 from gatedattn.bench.step import LogitsOf, step_trainer
 from gatedattn.bench.targets import TARGETS, evaluate, verdict
-from gatedattn.timing import interleaved_times, quartiles, ratio_spread, summarize, times_until_steady
+from gatedattn.infra.timing import interleaved_times, quartiles, ratio_spread, summarize, times_until_steady
 from gatedattn.bench.workloads import attention_config, model_config
-from gatedattn.model import GatedLM, ModelConfig
-from gatedattn.precision import resolve_dtype
+from gatedattn.models.lm import GatedLM, ModelConfig
+from gatedattn.infra.precision import resolve_dtype
 
 
 # ----------------------------------------------------------------------------- timing
@@ -293,7 +293,7 @@ def test_config_is_validated():
 
 # ----------------------------------------------------------------------------- end to end
 def test_quick_bench_json_schema_and_ratios(tmp_path, capsys, monkeypatch):
-    from gatedattn import mfu
+    from gatedattn.models import mfu
 
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("GATEDATTN_PEAK_CACHE", str(tmp_path / "cache" / "peak_flops.json"))  # no peak cached yet

@@ -164,7 +164,7 @@ def test_stability_claim_from_lr_study(base_div, gated_div, expected):
 
 
 def test_interleaved_times_alternate_the_order():
-    from gatedattn.timing import interleaved_times
+    from gatedattn.infra.timing import interleaved_times
 
     calls = []
     steps = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}

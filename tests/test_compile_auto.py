@@ -11,7 +11,7 @@ from torch import nn
 
 from gatedattn import GatedLM
 from gatedattn.data import TokenData
-from gatedattn.errors import ConfigError
+from gatedattn.infra.errors import ConfigError
 from gatedattn.train import TrainConfig, train
 from gatedattn.train import compile_auto
 from gatedattn.train.compile_auto import CompileProbe

@@ -21,7 +21,7 @@ from gatedattn.data import (
     load_corpus,
     prepare,
 )
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 SMALL_VOCAB = 300
 

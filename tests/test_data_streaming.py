@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gatedattn.data import TokenData, load_corpus, prepare, read_input, split_documents
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 prepare_module = importlib.import_module("gatedattn.data.prepare")
 corpus_module = importlib.import_module("gatedattn.data.corpus")

@@ -134,7 +134,7 @@ def test_convert_self_contained_writes_code_and_auto_map(hf_dir, tmp_path, capsy
     assert "with its modelling code" in out
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_gatedattn.GatedAttnForCausalLM"
-    assert {"modeling_gatedattn.py", "configuration_gatedattn.py", "attention.py"} <= {
+    assert {"modeling_gatedattn.py", "configuration_gatedattn.py", "layers_attention.py"} <= {
         p.name for p in (tmp_path / "out").iterdir()}
     assert load_model(tmp_path / "out").cfg.variant == "hyga"
 

@@ -10,8 +10,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3For
 
 from gatedattn import GatedAttnError, RopeConfig
 from gatedattn.hf import add_gates, export_hf, load_model, register_auto
-from gatedattn.model import GatedLM, ModelConfig
-from gatedattn.variants import VARIANTS
+from gatedattn.models.lm import GatedLM, ModelConfig
+from gatedattn.layers.variants import VARIANTS
 
 V = 97
 
@@ -202,7 +202,7 @@ def test_hf_config_mirrors_every_model_config_field():
     import dataclasses
 
     from gatedattn.hf.auto import GatedAttnHFConfig
-    from gatedattn.model import GatedLM, ModelConfig
+    from gatedattn.models.lm import GatedLM, ModelConfig
 
     cfg = ModelConfig.from_preset("micro", "hyga-sink", vocab_size=50, bos_token_id=1, eos_token_id=2)
     for f in dataclasses.fields(ModelConfig):

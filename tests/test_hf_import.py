@@ -19,7 +19,7 @@ from gatedattn import GatedAttnError, RopeConfig
 from gatedattn.hf import load as hf_load
 from gatedattn.hf import export_hf, load_model
 from gatedattn.hf.layouts import join_grouped, join_interleaved, split_grouped, split_interleaved
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.models.lm import GatedLM, ModelConfig
 
 V = 100
 COMMON = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, Qwen3NextConfig, Qwen3NextForCaus
 
 from gatedattn import GatedAttnError, RopeConfig
 from gatedattn.hf import export_hf, load_model
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.models.lm import GatedLM, ModelConfig
 
 V = 97
 

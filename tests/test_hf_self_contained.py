@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from gatedattn import GatedAttnError
-from gatedattn.hf import bundle
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.hf import bundle, save_self_contained
+from gatedattn.models.lm import GatedLM, ModelConfig
 
 V = 61
 
@@ -65,7 +65,7 @@ def test_self_contained_checkpoint_loads_without_gatedattn(tmp_path, name):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    model.save_pretrained(tmp_path / "model", self_contained=True)
+    save_self_contained(model, tmp_path / "model")
     ids = torch.randint(0, V, (2, 9))
     with torch.no_grad():
         want = model(ids)
@@ -85,11 +85,11 @@ def test_self_contained_checkpoint_loads_without_gatedattn(tmp_path, name):
 
 def test_bundle_is_generated_from_the_package_source(tmp_path):
     sources = bundle.bundle_sources()
-    assert {"modeling_gatedattn.py", "configuration_gatedattn.py", "model.py", "attention.py"} <= set(sources)
+    assert {"modeling_gatedattn.py", "configuration_gatedattn.py", "models_lm.py", "layers_attention.py"} <= set(sources)
     for name, text in sources.items():
         assert not re.search(r"^\s*(from|import)\s+gatedattn\b", text, flags=re.M), name
-    body = sources["attention.py"].split("\n", 1)[1]  # after the generated-file header
-    here = (bundle._package_root() / "attention.py").read_text()
+    body = sources["layers_attention.py"].split("\n", 1)[1]  # after the generated-file header
+    here = (bundle._package_root() / "layers" / "attention.py").read_text()
     rewritten = re.sub(r"from (gatedattn\.[\w.]+) import", lambda m: f"from .{bundle.flat_name(m[1])} import", here)
     assert body == rewritten
     GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=V)).save_pretrained(tmp_path / "plain")
@@ -101,7 +101,7 @@ def test_bundle_refuses_imports_it_cannot_rewrite(tmp_path):
     import ast
 
     path = tmp_path / "m.py"
-    for line, message in (("import gatedattn.model", "cannot be bundled"), ("from gatedattn import GatedLM", "defining"),
+    for line, message in (("import gatedattn.models.lm", "cannot be bundled"), ("from gatedattn import GatedLM", "defining"),
                           ("from .model import GatedLM", "relative")):
         with pytest.raises(GatedAttnError, match=message):
             bundle._package_imports(ast.parse(line), path)

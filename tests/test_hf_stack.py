@@ -10,7 +10,7 @@ from gatedattn import GatedLM, ModelConfig
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from gatedattn.errors import GatedAttnError  # noqa: E402
+from gatedattn.infra.errors import GatedAttnError  # noqa: E402
 from gatedattn.hf.auto import register_auto  # noqa: E402
 
 V = 60
@@ -119,7 +119,7 @@ def test_set_embeddings_checks_their_shape(tmp_path):
 # ----------------------------------------------------------------------------- checkpointing
 @pytest.mark.parametrize("every", [1, 2])
 def test_activation_checkpointing_gives_the_same_gradients(tmp_path, monkeypatch, every):
-    from gatedattn.model import Block
+    from gatedattn.models.lm import Block
 
     model = saved(tmp_path, "hyga-sink")
     model.train()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gatedattn import GatedLM, ModelConfig
+from gatedattn.hf import save_self_contained
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
                                 reason="lm-eval is not installed (pip install -e '.[eval]')")
@@ -49,7 +50,7 @@ def test_lm_eval_loglikelihoods_are_the_models(tmp_path, monkeypatch):
 
     torch.manual_seed(0)
     model = GatedLM(ModelConfig.from_preset("micro", "hyga-sink", vocab_size=V)).eval()
-    model.save_pretrained(tmp_path / "model", self_contained=True)
+    save_self_contained(model, tmp_path / "model")
     tok = _tokenizer()
     tok.save_pretrained(tmp_path / "model")
 

@@ -10,8 +10,8 @@ import torch
 from gatedattn.cli import main
 from gatedattn.data import TokenData
 from gatedattn.data.backcopy import CHAIN_LEN, FALLBACK_TEXT, BigramBackcopy
-from gatedattn.errors import ConfigError, GatedAttnError
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.infra.errors import ConfigError, GatedAttnError
+from gatedattn.models.lm import GatedLM, ModelConfig
 from gatedattn.reproduce.claims import HELD, NOT_HELD, NOT_MEASURABLE, uniform_first_token_attention
 from gatedattn.reproduce.mechanism import MechanismConfig, at_layer, judge_mechanism, strongest_layer
 from gatedattn.reproduce.mechanism_probe import measure, query_classes
@@ -330,7 +330,7 @@ def test_every_study_is_registered_once_with_its_flags():
     from gatedattn.cli import build_parser
     from gatedattn.reproduce.claims import CLAIMS
     from gatedattn.reproduce.studies import STUDIES, STUDY_OF_CONFIG
-    from gatedattn.settings import settings
+    from gatedattn.infra.settings import settings
 
     assert list(STUDIES) == ["main", "pretrained", "text", "mechanism", "lr", "rank", "calibrate",
                              "calibrate-mechanism"]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gatedattn.cli import main
-from gatedattn.errors import ConfigError
+from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce.mechanism import MechanismConfig
 from gatedattn.reproduce.mechanism_calibration import (
     LEVER_NAMES, LEVERS, MechCalibrationConfig, MechLever, lever_row, pick_finalists,

@@ -1,4 +1,4 @@
-"""Model FLOPs, the measured peak and its cache, MFU in the trainer's records (gatedattn.mfu)."""
+"""Model FLOPs, the measured peak and its cache, MFU in the trainer's records (gatedattn.models.mfu)."""
 
 import json
 import random
@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from gatedattn import mfu
-from gatedattn.config import AttentionConfig
-from gatedattn.model import ModelConfig
+from gatedattn.models import mfu
+from gatedattn.layers.config import AttentionConfig
+from gatedattn.models.lm import ModelConfig
 
 
 def tiny_model(**kw) -> ModelConfig:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from gatedattn import GatedAttnError
-from gatedattn.config import RopeConfig
-from gatedattn.errors import ConfigError
-from gatedattn.model import SIZE_PRESETS, GatedLM, ModelConfig
+from gatedattn.layers.config import RopeConfig
+from gatedattn.infra.errors import ConfigError
+from gatedattn.models.lm import SIZE_PRESETS, GatedLM, ModelConfig
 
 
 def micro(variant="gated", **kw):

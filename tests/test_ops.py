@@ -5,7 +5,7 @@ import torch
 
 from gatedattn.ops import attention_flash_lse, attention_reference, attention_sdpa
 from gatedattn.ops.reference import attention_probs_reference
-from gatedattn.variants import VARIANTS
+from gatedattn.layers.variants import VARIANTS
 
 
 def qkv(B=2, H=4, Hkv=2, T=9, D=8, Dv=None, dtype=torch.float32):
@@ -208,9 +208,9 @@ def test_sink_path_saves_what_plain_attention_saves(dtype):
 def test_attention_layer_with_sink_keeps_baseline_memory():
     """A whole layer, forward + backward: the sink variant keeps as many bytes for backward
     as the baseline (the sink logits, a parameter, aside)."""
-    from gatedattn.attention import Attention
+    from gatedattn.layers.attention import Attention
     from gatedattn.bench.memory import SavedTensorMeter
-    from gatedattn.variants import get_variant
+    from gatedattn.layers.variants import get_variant
 
     saved = {}
     for name in ("baseline", "sink", "hyga", "hyga-sink"):
@@ -227,8 +227,8 @@ def test_attention_layer_with_sink_keeps_baseline_memory():
 def test_sink_layer_compiles_in_one_graph():
     """torch.compile traces the fused sink path whole (no graph break: ``bench --compile``
     and ``compile=true`` training keep it fused) and matches eager forward and backward."""
-    from gatedattn.attention import Attention
-    from gatedattn.variants import get_variant
+    from gatedattn.layers.attention import Attention
+    from gatedattn.layers.variants import get_variant
 
     torch.manual_seed(0)
     layer = Attention(get_variant("sink")(32, 4, 2, qk_norm=True))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gatedattn import GatedLM, ModelConfig
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 from gatedattn.ops import attention_flash_lse, attention_reference, attention_sdpa
 from gatedattn.ops.reference import attention_probs_reference
 

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from gatedattn.errors import GatedAttnError
-from gatedattn.precision import Precision, cpu_native_bf16, resolve_dtype
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.precision import Precision, cpu_native_bf16, resolve_dtype
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl"}
@@ -36,7 +36,7 @@ def test_emulated_avx2_machine_resolves_to_fp32():
     import subprocess
     import sys
 
-    code = "from gatedattn.precision import resolve_dtype; p = resolve_dtype('auto', 'cpu'); print(p.dtype)"
+    code = "from gatedattn.infra.precision import resolve_dtype; p = resolve_dtype('auto', 'cpu'); print(p.dtype)"
     env = {**__import__("os").environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.strip() == "fp32", out.stderr

@@ -12,7 +12,7 @@ import torch
 from gatedattn import GatedLM, ModelConfig
 from gatedattn.analysis import analyze
 from gatedattn.cli import main
-from gatedattn.errors import ConfigError
+from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce.pretrained import claims as C
 from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, head_stats, train_arm
 from gatedattn.reproduce.pretrained.config import PretrainedConfig

@@ -5,7 +5,7 @@ import torch
 from gatedattn.analysis import analyze
 from gatedattn.analysis.registry import MECHANISM_METRICS, TEXT_METRICS, columns, keys
 from gatedattn.data.backcopy import FALLBACK_TEXT, BigramBackcopy
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.models.lm import GatedLM, ModelConfig
 from gatedattn.reproduce import mechanism, mechanism_report, report, runner
 from gatedattn.reproduce.mechanism_probe import measure
 

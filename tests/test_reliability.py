@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from gatedattn.cli import main
 from gatedattn.data import TokenData
 from gatedattn.data.prepare import prepare
-from gatedattn.errors import ConfigError, GatedAttnError
-from gatedattn.integrity import CHECKSUMS, read_verified, record, tokenizer_fingerprint
-from gatedattn.io import read_jsonl
+from gatedattn.infra.errors import ConfigError, GatedAttnError
+from gatedattn.infra.integrity import CHECKSUMS, read_verified, record, tokenizer_fingerprint
+from gatedattn.infra.io import read_jsonl
 from gatedattn.train import TrainConfig, train
 from gatedattn.train import checkpoint as ckpt_mod
 
@@ -112,7 +112,7 @@ def test_kill_points_lose_nothing_and_temporaries_are_cleaned(data_dir, tmp_path
 
 # ------------------------------------------------------------------------------ integrity
 def test_checksum_manifest_catches_one_flipped_bit(tmp_path):
-    from gatedattn.model import GatedLM, ModelConfig
+    from gatedattn.models.lm import GatedLM, ModelConfig
 
     model = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64))
     model.save_pretrained(tmp_path / "m")
@@ -135,7 +135,7 @@ def test_checksum_manifest_catches_one_flipped_bit(tmp_path):
 def test_nonfinite_weights_are_refused_even_with_a_good_checksum(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from gatedattn.model import GatedLM, ModelConfig
+    from gatedattn.models.lm import GatedLM, ModelConfig
 
     GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64)).save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
@@ -461,7 +461,7 @@ def test_analysis_verifies_val_bin(data_dir, tmp_path, capsys):
 # ------------------------------------------------------------------------------ one writer per run
 _HOLD = """
 import sys, time
-from gatedattn.io import DirLock
+from gatedattn.infra.io import DirLock
 DirLock(sys.argv[1], "run directory").acquire()
 print("held", flush=True)
 time.sleep(120)
@@ -501,7 +501,7 @@ def test_a_second_reproduce_on_one_out_is_refused_before_any_work(data_dir, tmp_
 
 
 def test_the_lock_survives_its_file_being_recreated(tmp_path):
-    from gatedattn.io import DirLock
+    from gatedattn.infra.io import DirLock
 
     first = DirLock(tmp_path / "d", "run directory").acquire()
     with pytest.raises(GatedAttnError, match=f"PID {os.getpid()}"):
@@ -636,7 +636,7 @@ def test_written_files_follow_the_umask(data_dir, tmp_path, umask):
 
 
 def test_json_nesting_is_limited(tmp_path):
-    from gatedattn.io import MAX_JSON_DEPTH, read_json
+    from gatedattn.infra.io import MAX_JSON_DEPTH, read_json
 
     for depth, ok in ((MAX_JSON_DEPTH, True), (MAX_JSON_DEPTH + 1, False), (100000, False)):
         (tmp_path / "x.json").write_text("[" * depth + "]" * depth)
@@ -669,7 +669,7 @@ def test_save_pretrained_over_a_model_survives_a_failed_write(tmp_path, monkeypa
     """A write that fails part-way (disk full on config.json) leaves the old model whole and
     loadable, with the other files of its directory."""
     from gatedattn import GatedLM, ModelConfig
-    from gatedattn import model as model_mod
+    from gatedattn.models import lm as model_mod
 
     old = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64))
     target = old.save_pretrained(tmp_path / "m")

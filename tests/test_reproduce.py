@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gatedattn.cli import main
-from gatedattn.errors import ConfigError
+from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce import ReproduceConfig
 from gatedattn.train.config import ModelRecipe
 

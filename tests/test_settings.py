@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from gatedattn.cli import main
-from gatedattn.errors import ConfigError
+from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce import ReproduceConfig
-from gatedattn.settings import apply_sets, help_text, settings
+from gatedattn.infra.settings import apply_sets, help_text, settings
 from gatedattn.train import TrainConfig
 
 # One valid, non-default value per training key (relative to TrainConfig), as typed on the

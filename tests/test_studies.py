@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gatedattn.errors import ConfigError
+from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce import RankConfig, ReproduceConfig, TextConfig, reproduce
 from gatedattn.reproduce.runner import add_strongest_layer
 
@@ -274,7 +274,7 @@ def test_a_second_call_reuses_finished_runs_and_their_analysis(tmp_path, data_di
 def test_a_signal_stops_the_whole_study(tmp_path, data_dir, monkeypatch):
     import types
 
-    from gatedattn.errors import Interrupted
+    from gatedattn.infra.errors import Interrupted
     from gatedattn.reproduce import runner
 
     trained = []

@@ -20,7 +20,7 @@ import gatedattn.train.trainer as trainer_mod
 from gatedattn import GatedLM
 from gatedattn.analysis import loss_spikes
 from gatedattn.data import TokenData, prepare
-from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.train import TrainConfig, lr_at, lr_schedule, parse_sets, settable_keys, sweep, train
 from gatedattn.train.cli import main
 from gatedattn.train.optim import build_optimizer, split_parameters

@@ -12,9 +12,9 @@ import torch
 
 import gatedattn.cli
 from gatedattn.data import TokenData
-from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.hf import add_gates, load_model
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.models.lm import GatedLM, ModelConfig
 from gatedattn.train import TrainConfig, build_optimizer, train
 from gatedattn.train.cli import FLAG_KEYS
 from gatedattn.train.optim import freeze, trainable_names

@@ -63,7 +63,7 @@ def test_a_run_written_by_the_previous_trainer_resumes(data_dir, tmp_path):
 
 
 def test_a_changed_setting_still_refuses_the_old_run(data_dir, tmp_path):
-    from gatedattn.errors import GatedAttnError
+    from gatedattn.infra.errors import GatedAttnError
 
     run = tmp_path / "legacy_run"
     shutil.copytree(LEGACY / "legacy_run", run)
@@ -96,7 +96,7 @@ def test_train_state_round_trips_and_ignores_extra_keys():
 
 
 def test_train_needs_both_directories(data_dir):
-    from gatedattn.errors import GatedAttnError
+    from gatedattn.infra.errors import GatedAttnError
 
     with pytest.raises(GatedAttnError, match="TrainConfig.out_dir"):
         train(TrainConfig(data_dir=str(data_dir), preset="micro"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gatedattn import GatedLM, ModelConfig
-from gatedattn.core import WindowCore
+from gatedattn.layers.core import WindowCore
 from gatedattn.ops.window import attention_window, window_mask
 
 

@@ -9,25 +9,25 @@ Names are imported on first use, so ``import gatedattn`` (and the command line's
 
 from __future__ import annotations
 
-from gatedattn.lazy import lazy_exports
+from gatedattn.infra.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Attention": "gatedattn.attention",
-    "KVCache": "gatedattn.cache",
-    "AttentionConfig": "gatedattn.config",
-    "GateConfig": "gatedattn.config",
-    "MLAConfig": "gatedattn.config",
-    "RopeConfig": "gatedattn.config",
-    "Cost": "gatedattn.layer_cost",
-    "cost": "gatedattn.layer_cost",
-    "ConfigError": "gatedattn.errors",
-    "GatedAttnError": "gatedattn.errors",
-    "GatedLM": "gatedattn.model",
-    "ModelConfig": "gatedattn.model",
-    "VARIANTS": "gatedattn.variants",
-    "get_variant": "gatedattn.variants",
+    "Attention": "gatedattn.layers.attention",
+    "KVCache": "gatedattn.layers.cache",
+    "AttentionConfig": "gatedattn.layers.config",
+    "GateConfig": "gatedattn.layers.config",
+    "MLAConfig": "gatedattn.layers.config",
+    "RopeConfig": "gatedattn.layers.config",
+    "Cost": "gatedattn.layers.cost",
+    "cost": "gatedattn.layers.cost",
+    "ConfigError": "gatedattn.infra.errors",
+    "GatedAttnError": "gatedattn.infra.errors",
+    "GatedLM": "gatedattn.models.lm",
+    "ModelConfig": "gatedattn.models.lm",
+    "VARIANTS": "gatedattn.layers.variants",
+    "get_variant": "gatedattn.layers.variants",
 }
 
 __all__ = sorted(_EXPORTS)

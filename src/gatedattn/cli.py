@@ -18,7 +18,7 @@ from gatedattn import __version__
 
 # command -> (module whose register() adds it, one-line help shown by `gatedattn --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "variants": ("gatedattn.variants", "list every attention preset with its parameters and FLOPs"),
+    "variants": ("gatedattn.layers.variants", "list every attention preset with its parameters and FLOPs"),
     "data": ("gatedattn.data.cli", "prepare and inspect tokenized datasets"),
     "train": ("gatedattn.train.cli", "train a model with one attention variant"),
     "sweep": ("gatedattn.train.cli", "train a grid of variants x learning rates with identical data"),
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser(command)
         args = parser.parse_args(argv)
         # light; needed only once the command runs
-        from gatedattn.errors import EXPECTED_ERRORS, Interrupted
+        from gatedattn.infra.errors import EXPECTED_ERRORS, Interrupted
     except KeyboardInterrupt:
         print("gatedattn: interrupted", file=sys.stderr)
         return 130

@@ -30,9 +30,9 @@ from torch import Tensor, nn
 from gatedattn.analysis.metrics import SINK_EPS, GateStats, sink_fraction, sink_fraction_per_layer
 from gatedattn.analysis.probe import Probe, attention_layers
 from gatedattn.analysis.windows import FirstToken
-from gatedattn.config import RopeConfig
-from gatedattn.errors import GatedAttnError
-from gatedattn.fmt import finite_or_none, fmt_value
+from gatedattn.layers.config import RopeConfig
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.fmt import finite_or_none, fmt_value
 
 __all__ = [
     "EXTRAPOLATION_METHODS",
@@ -61,7 +61,7 @@ def load_any(directory: str | Path, *, device: str | torch.device = "cpu") -> nn
     ``config.json``) go to ``gatedattn.hf.load_model`` (HF Qwen3 / Qwen2 / Llama,
     Qwen3-Next, the official gated-attention layout, GGUF).
     """
-    from gatedattn.model import CONFIG_FILE, MODEL_TYPE, GatedLM
+    from gatedattn.models.lm import CONFIG_FILE, MODEL_TYPE, GatedLM
 
     directory = Path(directory)
     if _is_gguf(directory, CONFIG_FILE):

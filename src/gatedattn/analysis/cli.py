@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from gatedattn.errors import GatedAttnError
-from gatedattn.io import interruptible, loads_json
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.io import interruptible, loads_json
 from gatedattn.train.rundir import CONFIG as RUN_CONFIG
 
 CHECKPOINT_INFO = "checkpoint.json"  # gatedattn.train.checkpoint.INFO_FILE
@@ -151,7 +151,7 @@ def _load(args: argparse.Namespace):
 def _check_same_tokenizer(model_dir: Path, data, force: bool) -> None:
     """The model's ``tokenizer.json`` (when it has one) must tokenize like the data's:
     same vocabulary, merges and added tokens. ``--force`` skips the check."""
-    from gatedattn.integrity import tokenizer_fingerprint
+    from gatedattn.infra.integrity import tokenizer_fingerprint
 
     mine = model_dir / "tokenizer.json"
     if force or not mine.is_file():
@@ -165,7 +165,7 @@ def _check_same_tokenizer(model_dir: Path, data, force: bool) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output location can be written, before any work."""
-    from gatedattn.io import check_writable
+    from gatedattn.infra.io import check_writable
 
     if args.out is not None:
         check_writable(args.out, "--out")
@@ -177,7 +177,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
     if args.out is not None:
-        from gatedattn.io import atomic_write_json
+        from gatedattn.infra.io import atomic_write_json
 
         atomic_write_json(args.out, result)
     print(json.dumps(result) if args.json else text)

@@ -34,9 +34,9 @@ from torch import Tensor, nn
 
 from gatedattn.analysis.metrics import (AttentionStats, FirstPositionNorms, GateStats, TopActivations,
                                         massive_activation)
-from gatedattn.attention import Attention
-from gatedattn.errors import GatedAttnError
-from gatedattn.gates import GateScore
+from gatedattn.layers.attention import Attention
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.layers.gates import GateScore
 from gatedattn.ops.reference import attention_probs_reference
 
 __all__ = ["LayerActivations", "Probe", "ProbeCore", "attention_layers", "hooked"]

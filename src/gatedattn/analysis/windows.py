@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 __all__ = [
     "FIRST_TOKEN_MODES",
@@ -171,7 +171,7 @@ def model_tokenizer(model_dir: str | os.PathLike):
     ``model_tokenizer`` where this installation has it (a directory's ``tokenizer.json``
     or a GGUF file's embedded tokenizer), else the directory's ``tokenizer.json``."""
     from gatedattn.hf import load as hf_load
-    from gatedattn.integrity import check_tokenizer
+    from gatedattn.infra.integrity import check_tokenizer
 
     helper = getattr(hf_load, "model_tokenizer", None)  # being added beside GGUF loading
     if helper is not None:

@@ -32,7 +32,7 @@ def _run(args: argparse.Namespace) -> int:
     from gatedattn.bench.config import BenchConfig
     from gatedattn.bench.report import format_markdown
     from gatedattn.bench.runner import run_bench
-    from gatedattn.io import atomic_write_json, check_writable
+    from gatedattn.infra.io import atomic_write_json, check_writable
 
     if args.out is not None:
         check_writable(args.out, "--out")  # before minutes of timing, not after
@@ -55,8 +55,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_real_model(args: argparse.Namespace) -> int:
     from gatedattn.bench.real_model import format_real_model, run_real_model_bench
-    from gatedattn.errors import ConfigError
-    from gatedattn.io import atomic_write_json
+    from gatedattn.infra.errors import ConfigError
+    from gatedattn.infra.io import atomic_write_json
 
     others = [flag for flag, given in (("--variants", args.variants), ("--compile", args.compile),
                                        ("--device cuda", args.device == "cuda"), ("--max-spread", args.max_spread),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gatedattn.errors import ConfigError, check_choice, check_types
-from gatedattn.precision import DTYPES
-from gatedattn.settings import check_options, option
-from gatedattn.variants import VARIANTS
+from gatedattn.infra.errors import ConfigError, check_choice, check_types
+from gatedattn.infra.precision import DTYPES
+from gatedattn.infra.settings import check_options, option
+from gatedattn.layers.variants import VARIANTS
 
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga", "hyga-lowrank", "hyga-sink")

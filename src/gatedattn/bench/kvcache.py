@@ -36,8 +36,8 @@ def mla_vs_gqa(shape) -> dict:
     """Cache bytes per token of an MLA model and of a GQA model (half as many KV heads as
     query heads, at least one) of the bench shape, and their ratio."""
     from gatedattn.bench.workloads import model_config
-    from gatedattn.config import MLAConfig
-    from gatedattn.model import GatedLM
+    from gatedattn.layers.config import MLAConfig
+    from gatedattn.models.lm import GatedLM
 
     base = model_config(shape, "baseline")
     head_dim = shape.d_model // shape.n_heads

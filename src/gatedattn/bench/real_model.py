@@ -1,7 +1,7 @@
 """``gatedattn bench --real-model [PATH]``: our ``GatedLM`` against transformers'
 ``LlamaForCausalLM`` on the same pretrained weights (default: the bundled SmolLM2 GGUF).
 
-Workloads, timed in interleaved rounds (``gatedattn.timing``), ours and transformers' alike:
+Workloads, timed in interleaved rounds (``gatedattn.infra.timing``), ours and transformers' alike:
 
 - ``forward``: the analysis forward, logits of ``batch`` x ``seq_len`` tokens, no gradients,
   eval mode;
@@ -11,7 +11,7 @@ Workloads, timed in interleaved rounds (``gatedattn.timing``), ours and transfor
 - ``decode``: greedy generation of ``decode_new`` tokens after a ``seq_len`` prompt.
 
 Each row shows the median seconds, ours / transformers' speedup, model FLOP/s
-(:mod:`gatedattn.mfu`) and MFU against this machine's measured peak of the dtype.
+(:mod:`gatedattn.models.mfu`) and MFU against this machine's measured peak of the dtype.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from gatedattn.mfu import forward_flops, mfu, peak_flops
-from gatedattn.precision import resolve_dtype
-from gatedattn.timing import interleaved_times
+from gatedattn.models.mfu import forward_flops, mfu, peak_flops
+from gatedattn.infra.precision import resolve_dtype
+from gatedattn.infra.timing import interleaved_times
 
 
 def _hf_model(path: Path):

@@ -17,18 +17,18 @@ from typing import Callable
 import torch
 
 from gatedattn.bench.config import REFERENCE, BenchConfig, Shape
-from gatedattn.provenance import cpu_model
+from gatedattn.infra.provenance import cpu_model
 from gatedattn.bench.kvcache import mla_vs_gqa
 from gatedattn.bench.memory import cpu_training_bytes, cuda_peak_bytes
 from gatedattn.bench.targets import evaluate
-from gatedattn.timing import Summary, summarize, times_until_steady
+from gatedattn.infra.timing import Summary, summarize, times_until_steady
 from gatedattn.bench.workloads import (HF_GPT_OSS, HF_QWEN3, HF_QWEN3_NEXT, OURS_GPT_OSS, OURS_QWEN3_NEXT,
                                        Context, Workload, build, model_config)
-from gatedattn import mfu
-from gatedattn.variants import VARIANTS
-from gatedattn.device import resolve_device
-from gatedattn.layer_cost import cost
-from gatedattn.precision import resolve_dtype
+from gatedattn.models import mfu
+from gatedattn.layers.variants import VARIANTS
+from gatedattn.infra.device import resolve_device
+from gatedattn.layers.cost import cost
+from gatedattn.infra.precision import resolve_dtype
 
 SCHEMA = "gatedattn-bench/1"
 CPU_MEMORY = ("CPU: bytes of tensors saved for backward (each storage once) + parameters + gradients; "
@@ -135,7 +135,7 @@ def _rounds(cfg: BenchConfig) -> str:
 
 def train_flops_per_token(shape: Shape, kind: str, name: str, flops_config) -> float | None:
     """Model FLOPs (forward + backward) per token of a timed workload: one attention layer
-    (``gatedattn.cost``) or the whole model of the training step (``gatedattn.mfu``);
+    (``gatedattn.cost``) or the whole model of the training step (``gatedattn.models.mfu``);
     transformers' Qwen3 step has exactly our baseline model's configuration. None where
     the workload's model is not one of ours (transformers' layers)."""
     if kind == "layer":
@@ -213,7 +213,7 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None, say: Callable[[st
     say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = resolve_device(cfg.device)
     precision = resolve_dtype(cfg.dtype, device)
-    from gatedattn.train.rundir import code_version
+    from gatedattn.infra.provenance import code_version
 
     header = {"command": command, "machine": machine(device), "device": str(device),
               "precision": precision.as_dict(), "compile": cfg.compile, "code": code_version(),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gatedattn.precision import Precision
+from gatedattn.infra.precision import Precision
 from gatedattn.train import TrainConfig
 from gatedattn.train.trainer import Trainer
 

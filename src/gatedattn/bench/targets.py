@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from gatedattn.bench.workloads import HF_QWEN3, HF_QWEN3_NEXT, OURS_QWEN3_NEXT
-from gatedattn.timing import ratio_spread
+from gatedattn.infra.timing import ratio_spread
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">=": operator.ge}
 MET, MISSED, WITHIN_NOISE, NOT_MEASURED = "met", "missed", "within noise", "not measured"

@@ -24,9 +24,9 @@ from torch import nn
 
 from gatedattn.bench.config import Shape
 from gatedattn.bench.step import LogitsOf, step_trainer
-from gatedattn.config import AttentionConfig, RopeConfig
-from gatedattn.precision import Precision
-from gatedattn.variants import get_variant
+from gatedattn.layers.config import AttentionConfig, RopeConfig
+from gatedattn.infra.precision import Precision
+from gatedattn.layers.variants import get_variant
 
 HF_QWEN3_NEXT = "hf:Qwen3NextAttention"
 OURS_QWEN3_NEXT = "ours:gated-from-Qwen3Next"
@@ -77,7 +77,7 @@ def attention_config(shape: Shape, variant: str) -> AttentionConfig:
 
 
 def model_config(shape: Shape, variant: str):
-    from gatedattn.model import ModelConfig
+    from gatedattn.models.lm import ModelConfig
 
     return ModelConfig(vocab_size=shape.vocab_size, n_layers=shape.n_layers, attention=attention_config(shape, variant),
                        ffn_dim=shape.ffn_dim, variant=variant, max_seq_len=shape.seq_len)
@@ -107,7 +107,7 @@ def _layer_workload(ctx: Context, module: nn.Module, call: Callable[[nn.Module, 
 
 
 def our_layer(ctx: Context, variant: str) -> Workload:
-    from gatedattn.attention import Attention
+    from gatedattn.layers.attention import Attention
 
     torch.manual_seed(0)
     cfg = attention_config(ctx.shape, variant)
@@ -201,7 +201,7 @@ def _decode_workloads(ctx: Context, generate: Callable[[torch.Tensor, int], torc
 
 def our_model(ctx: Context, variant: str) -> dict[str, Workload]:
     """Training step, decoding and prefill workloads of a ``GatedLM`` with ``variant``."""
-    from gatedattn.model import GatedLM
+    from gatedattn.models.lm import GatedLM
 
     torch.manual_seed(0)
     model = GatedLM(model_config(ctx.shape, variant)).to(ctx.device).train()

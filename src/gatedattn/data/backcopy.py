@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gatedattn.errors import ConfigError, GatedAttnError
-from gatedattn.io import atomic_write, atomic_write_text, discard_dir, replace_dir, temp_dir_beside
+from gatedattn.infra.errors import ConfigError, GatedAttnError
+from gatedattn.infra.io import atomic_write, atomic_write_text, discard_dir, replace_dir, temp_dir_beside
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -211,7 +211,7 @@ class BigramBackcopy:
                 stream.astype(np.uint16).tofile(path)
                 splits[name] = SplitInfo(path.name, int(n_tokens), n, sha256_file(path))
             atomic_write_text(tmp / "tokenizer.json", self.tokenizer_json())
-            from gatedattn.integrity import tokenizer_fingerprint
+            from gatedattn.infra.integrity import tokenizer_fingerprint
 
             manifest = Manifest(
                 format_version=FORMAT_VERSION, dtype="uint16", vocab_size=self.vocab_size, bos_id=self.bos_id,

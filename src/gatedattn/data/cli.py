@@ -18,7 +18,7 @@ from gatedattn.data.prepare import prepare
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from gatedattn.io import interruptible
+    from gatedattn.infra.io import interruptible
 
     stopped = (f"stopped before {args.out} was written (the partial copy beside it is removed; an earlier "
                f"--out is kept as it was); run the same command again to prepare the data")

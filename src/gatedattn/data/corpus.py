@@ -22,7 +22,7 @@ and is followed by EOS in the token stream. Inputs map to documents as follows:
 
 Whitespace-only documents carry no text and are skipped (and counted). Files must be
 UTF-8 (a leading byte-order mark is dropped); anything else is a
-:class:`~gatedattn.errors.GatedAttnError` naming the file.
+:class:`~gatedattn.infra.errors.GatedAttnError` naming the file.
 
 Every input is a :class:`Source` that reads its documents lazily, one at a time
 (``.jsonl`` line by line, ``.parquet`` batch by batch with ``ParquetFile.iter_batches``),
@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl",)

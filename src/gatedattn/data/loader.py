@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gatedattn.errors import GatedAttnError
-from gatedattn.io import read_json_object
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.io import read_json_object
 
 FORMAT = "gatedattn-tokens"
 FORMAT_VERSION = 1
@@ -64,7 +64,7 @@ class Manifest:
     val: SplitInfo
     val_document_ids: list[str]  # in their order in val.bin
     pad_id: int | None = None
-    # what the tokenizer tokenizes (gatedattn.integrity.tokenizer_fingerprint); None in older manifests
+    # what the tokenizer tokenizes (gatedattn.infra.integrity.tokenizer_fingerprint); None in older manifests
     tokenizer_sha256: str | None = None
     sources: list[dict] = field(default_factory=list)
     skipped_empty_documents: int = 0
@@ -202,7 +202,7 @@ class TokenData:
         """Load the tokenizer and check it against the manifest: the vocabulary size and
         (when recorded) what it tokenizes, so a damaged or swapped ``tokenizer.json`` is
         refused before a run copies it into its model."""
-        from gatedattn.integrity import check_tokenizer, tokenizer_fingerprint
+        from gatedattn.infra.integrity import check_tokenizer, tokenizer_fingerprint
 
         path = self.data_dir / self.manifest.tokenizer_file
         check_tokenizer(path, self.vocab_size, what="data tokenizer")

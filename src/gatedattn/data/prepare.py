@@ -46,9 +46,9 @@ from tqdm import tqdm
 
 from gatedattn.data.corpus import Document, Source, input_sources
 from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo
-from gatedattn.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, replace_dir,
+from gatedattn.infra.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, replace_dir,
                           temp_dir_beside)
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -378,7 +378,7 @@ def _check_settings(vocab_size: int, val_fraction: float, seed: int) -> None:
 
 
 def _fingerprint(path: Path) -> str:
-    from gatedattn.integrity import tokenizer_fingerprint
+    from gatedattn.infra.integrity import tokenizer_fingerprint
 
     return tokenizer_fingerprint(path)
 

@@ -13,9 +13,9 @@
 * ``export_hf(model, dir, layout=None)`` -- a ``baseline`` model as a stock Qwen3 /
   Llama / Qwen2 directory, a ``gated`` one as a stock Qwen3-Next directory, or
   (``layout="official"``) ``gated`` / ``gated-headwise`` in the paper's layout;
-* ``write_code(dir)`` -- the modelling code beside a gatedattn checkpoint (what
-  ``GatedLM.save_pretrained(dir, self_contained=True)`` calls), for
-  ``trust_remote_code=True`` loading where gatedattn is not installed;
+* ``save_self_contained(model, dir)`` -- ``model.save_pretrained(dir)`` with the modelling
+  code beside the weights (``write_code(dir)``), for ``trust_remote_code=True`` loading
+  where gatedattn is not installed;
 * ``register_auto()`` -- make ``AutoConfig`` / ``AutoModelForCausalLM`` load
   directories written by ``GatedLM.save_pretrained`` (``model_type: gatedattn``);
 * ``add_gates(model, variant, init="identity")`` -- retrofit a gate into a loaded model.
@@ -26,7 +26,7 @@ need it (importing it costs seconds).
 
 from __future__ import annotations
 
-from gatedattn.lazy import lazy_exports
+from gatedattn.infra.lazy import lazy_exports
 
 _EXPORTS = {
     "load_model": "gatedattn.hf.load",
@@ -35,6 +35,7 @@ _EXPORTS = {
     "model_tokenizer": "gatedattn.hf.load",
     "gguf_tokenizer": "gatedattn.hf.gguf",
     "bundled_model_path": "gatedattn.hf.bundled",
+    "save_self_contained": "gatedattn.hf.bundle",
     "export_hf": "gatedattn.hf.export",
     "hf_config_for": "gatedattn.hf.export",
     "LAYOUTS": "gatedattn.hf.export",

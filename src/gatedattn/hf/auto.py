@@ -34,9 +34,9 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 from gatedattn.hf.configuration import GatedAttnHFConfig
-from gatedattn.model import MODEL_TYPE, GatedLM
+from gatedattn.models.lm import MODEL_TYPE, GatedLM
 
 __all__ = ["GatedAttnForCausalLM", "GatedAttnHFConfig", "register_auto"]
 

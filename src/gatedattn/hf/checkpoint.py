@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from gatedattn.errors import GatedAttnError
-from gatedattn.io import read_json_object
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.io import read_json_object
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -28,7 +28,7 @@ INDEX_FILE = "model.safetensors.index.json"
 def read_config(directory: Path) -> dict[str, Any]:
     """The ``config.json`` of a model directory as a dict, checked against the directory's
     ``checksums.json`` when it has one (and then required to be listed there)."""
-    from gatedattn.integrity import verify_dir
+    from gatedattn.infra.integrity import verify_dir
 
     if not directory.is_dir():
         raise GatedAttnError(f"{directory} is not a directory")
@@ -65,7 +65,7 @@ class TensorSource:
     def _open(path: Path):
         from safetensors import SafetensorError, safe_open
 
-        from gatedattn.integrity import verify_dir
+        from gatedattn.infra.integrity import verify_dir
 
         if not path.is_file():
             raise GatedAttnError(f"{path} is missing")
@@ -81,7 +81,7 @@ class TensorSource:
             return list(f.keys())
 
     def _from_index(self, index: Path) -> dict[str, Path]:
-        from gatedattn.integrity import verify_dir
+        from gatedattn.infra.integrity import verify_dir
 
         verify_dir(index.parent, required=(index.name,), only=(index.name,))
         weight_map = read_json_object(index).get("weight_map")
@@ -115,7 +115,7 @@ class TensorSource:
             tensor = self._handles[path].get_tensor(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise GatedAttnError(f"{path}: tensor {name!r} cannot be read ({e})") from None
-        from gatedattn.integrity import check_finite
+        from gatedattn.infra.integrity import check_finite
 
         check_finite({name: tensor}, path)  # floating point, no NaN or infinity
         self._taken.add(name)
@@ -137,7 +137,7 @@ class DictTensorSource:
         self._taken: set[str] = set()
 
     def get(self, name: str) -> torch.Tensor:
-        from gatedattn.integrity import check_finite
+        from gatedattn.infra.integrity import check_finite
 
         if name not in self._tensors:
             raise GatedAttnError(f"{self.directory}: tensor {name!r} is missing")

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from gatedattn.device import resolve_device
-from gatedattn.errors import GatedAttnError
-from gatedattn.integrity import CHECKSUMS, check_finite, record
-from gatedattn.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, public_mode, replace_dir,
+from gatedattn.infra.device import resolve_device
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.integrity import CHECKSUMS, check_finite, record
+from gatedattn.infra.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, public_mode, replace_dir,
                           temp_dir_beside)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -34,8 +34,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # --------------------------------------------------------------------------- generate
 def _load_tokenizer(path: Path):
-    """A tokenizers ``Tokenizer`` with at least two tokens (:func:`gatedattn.integrity.check_tokenizer`)."""
-    from gatedattn.integrity import check_tokenizer
+    """A tokenizers ``Tokenizer`` with at least two tokens (:func:`gatedattn.infra.integrity.check_tokenizer`)."""
+    from gatedattn.infra.integrity import check_tokenizer
 
     if not path.is_file():
         raise GatedAttnError(f"tokenizer {path} is missing; pass --tokenizer PATH/tokenizer.json")
@@ -46,7 +46,7 @@ def _check_tokenizer_matches(model_dir: Path, tokenizer: Path, force: bool) -> N
     """A ``--tokenizer`` other than the model's own ``tokenizer.json`` (or a GGUF file's
     embedded tokenizer) must tokenize alike (vocabulary, merges, added tokens) unless ``force``."""
     from gatedattn.hf.gguf import gguf_file_of, gguf_tokenizer
-    from gatedattn.integrity import tokenizer_fingerprint
+    from gatedattn.infra.integrity import tokenizer_fingerprint
 
     if force:
         return
@@ -222,6 +222,7 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
     ``fmt``: ``gatedattn`` (any variant; with ``self_contained`` the modelling code is
     written beside the weights), ``hf`` (stock Qwen3/Llama/Qwen2 for a gate-free model,
     Qwen3-Next for a ``gated`` one), ``qwen3-next`` or ``official`` (the paper's layout)."""
+    from gatedattn.hf.bundle import save_self_contained
     from gatedattn.hf.export import export_hf, hf_config_for
     from gatedattn.hf.gguf import gguf_file_of, gguf_hf_tokenizer
     from gatedattn.hf.load import load_model
@@ -254,7 +255,10 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
         if fmt != "gatedattn":
             export_hf(model, tmp, layout)
         else:
-            model.save_pretrained(tmp, self_contained=self_contained)
+            if self_contained:
+                save_self_contained(model, tmp)
+            else:
+                model.save_pretrained(tmp)
         _write_tokenizer(src, gguf_tok, tmp, fmt)
         replace_dir(tmp, dst)
     except BaseException:
@@ -264,7 +268,7 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from gatedattn.io import interruptible
+    from gatedattn.infra.io import interruptible
 
     if args.init is not None and args.variant is None:
         raise GatedAttnError("--init needs --variant (it initialises the added gate)")

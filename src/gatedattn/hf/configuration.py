@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import PreTrainedConfig
 
-from gatedattn.model import MODEL_TYPE, ModelConfig
+from gatedattn.models.lm import MODEL_TYPE, ModelConfig
 
 
 class _ModelConfigBridge:

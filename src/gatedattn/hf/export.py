@@ -21,7 +21,7 @@ Three target layouts (``LAYOUTS``), each for the models it expresses exactly:
 a gated one. Anything a layout cannot express (another gate position or activation,
 a headwise gate in Qwen3-Next, sinks, MLA, HyGA gates, partial RoPE in Qwen3 ...) raises
 a one-line ``GatedAttnError`` naming it, before anything is written; such models stay in
-gatedattn's format (``save_pretrained(dir, self_contained=True)`` makes that loadable
+gatedattn's format (``gatedattn.hf.save_self_contained(model, dir)`` makes that loadable
 with ``trust_remote_code=True`` where gatedattn is not installed).
 """
 
@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from gatedattn.config import GateConfig
-from gatedattn.errors import GatedAttnError
+from gatedattn.layers.config import GateConfig
+from gatedattn.infra.errors import GatedAttnError
 from gatedattn.hf.checkpoint import CONFIG_FILE, SINGLE_FILE
 from gatedattn.hf.load import hf_specs, quiet_transformers
-from gatedattn.integrity import atomic_model_dir, atomic_save_safetensors, record
-from gatedattn.io import atomic_write_json
-from gatedattn.model import GatedLM, ModelConfig
+from gatedattn.infra.integrity import atomic_model_dir, atomic_save_safetensors, record
+from gatedattn.infra.io import atomic_write_json
+from gatedattn.models.lm import GatedLM, ModelConfig
 
 LAYOUTS = ("stock", "qwen3-next", "official")
 
@@ -217,7 +217,7 @@ def hf_config_for(cfg: ModelConfig, layout: str | None = None):
     if reason is not None:
         raise GatedAttnError(f"cannot export to the {target.name} layout: {reason}; save it in gatedattn format "
                              f"instead: AutoModelForCausalLM loads that after `import gatedattn`, or anywhere with "
-                             f"trust_remote_code=True once saved with save_pretrained(dir, self_contained=True) "
+                             f"trust_remote_code=True once saved with gatedattn.hf.save_self_contained(model, dir) "
                              f"(convert --self-contained)")
     try:
         with quiet_transformers():

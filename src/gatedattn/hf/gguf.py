@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SUFFIX = ".gguf"
@@ -347,8 +347,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, device: str
     for the same file; everything is refused before any tensor is dequantized."""
     from gatedattn.hf.checkpoint import DictTensorSource
     from gatedattn.hf.load import read_hf_state
-    from gatedattn.model import GatedLM, check_state_dict
-    from gatedattn.sizes import check_model_size
+    from gatedattn.models.lm import GatedLM, check_state_dict
+    from gatedattn.infra.sizes import check_model_size
 
     header, raw, plan = gguf_plan(path)
     source = str(header.path)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from gatedattn.attention import Attention
-from gatedattn.config import AttentionConfig, GateConfig
-from gatedattn.errors import GatedAttnError
+from gatedattn.layers.attention import Attention
+from gatedattn.layers.config import AttentionConfig, GateConfig
+from gatedattn.infra.errors import GatedAttnError
 from gatedattn.hf.layouts import split_interleaved
 from gatedattn.hf.load import rope_from_hf
-from gatedattn.model import check_state_dict
+from gatedattn.models.lm import check_state_dict
 
 
 def _head_dim(hf_config) -> int:

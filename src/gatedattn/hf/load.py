@@ -37,11 +37,11 @@ from typing import Any, Callable
 
 import torch
 
-from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
-from gatedattn.errors import GatedAttnError
+from gatedattn.layers.config import AttentionConfig, GateConfig, RopeConfig
+from gatedattn.infra.errors import GatedAttnError
 from gatedattn.hf.checkpoint import DictTensorSource, TensorSource, read_config
 from gatedattn.hf.layouts import join_grouped, join_interleaved, split_grouped, split_interleaved
-from gatedattn.model import MODEL_TYPE, GatedLM, ModelConfig, check_state_dict
+from gatedattn.models.lm import MODEL_TYPE, GatedLM, ModelConfig, check_state_dict
 
 # model types that look importable but are not (with the reason and what to do instead)
 NOT_SUPPORTED = {
@@ -110,7 +110,7 @@ def _number(source: str, field: str, value: Any) -> float:
 
 def rope_from_hf(hf, head_dim: int, source: str, *, allow_partial: bool) -> RopeConfig:
     """``RopeConfig`` for a transformers config's ``rope_parameters``; refuses what
-    ``gatedattn.rope`` does not compute identically."""
+    ``gatedattn.layers.rope`` does not compute identically."""
     params = getattr(hf, "rope_parameters", None)
     if not isinstance(params, dict) or "rope_theta" not in params:
         raise _refuse(source, "rope_parameters", params, "expected one dict with rope_theta (per-layer-type RoPE is not supported)")
@@ -425,7 +425,7 @@ def verify_model_dir(directory: str | Path) -> None:
     weights must be listed and every listed file (the tokenizer too) unchanged; the weights
     are hashed as they are read (``read_safetensors`` / ``TensorSource``), so they are
     not read twice here."""
-    from gatedattn.integrity import verify_dir
+    from gatedattn.infra.integrity import verify_dir
 
     gguf = _gguf(directory)
     if gguf is not None:  # a GGUF file has no manifest: its header is checked (no tensor data is read)
@@ -467,7 +467,7 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
     ``GatedLM`` (float32 unless ``dtype``), verified first (:func:`verify_model_dir`); weights
     that are not floating point or hold NaN or infinity are refused, as is a model too large
     for the device's memory."""
-    from gatedattn.sizes import check_model_size
+    from gatedattn.infra.sizes import check_model_size
 
     gguf = _gguf(directory)
     if gguf is not None:
@@ -515,7 +515,7 @@ def load_config(directory: str | Path) -> ModelConfig:
 def model_tokenizer(path: str | Path):
     """The ``tokenizers.Tokenizer`` of any model path ``load_model`` reads: a directory's
     ``tokenizer.json`` or a GGUF file's embedded tokenizer; None when it has none."""
-    from gatedattn.integrity import check_tokenizer
+    from gatedattn.infra.integrity import check_tokenizer
 
     gguf = _gguf(path)
     if gguf is not None:

@@ -31,11 +31,11 @@ import dataclasses
 import torch
 from torch import nn
 
-from gatedattn.attention import Attention
-from gatedattn.config import AttentionConfig
-from gatedattn.errors import GatedAttnError
-from gatedattn.model import GatedLM
-from gatedattn.variants import get_variant
+from gatedattn.layers.attention import Attention
+from gatedattn.layers.config import AttentionConfig
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.models.lm import GatedLM
+from gatedattn.layers.variants import get_variant
 
 INITS = ("identity", "random")
 # the linear map whose output (g2-g4) or input (g1, g5) the gate scales

@@ -34,17 +34,17 @@ from typing import Any
 
 from gatedattn.data import TokenData, prepare
 from gatedattn.data.corpus import default_sources
-from gatedattn.errors import ConfigError
-from gatedattn.io import atomic_write_json, atomic_write_text, json_safe, read_json_object
-from gatedattn.precision import resolve_dtype
-from gatedattn.provenance import run_meta, say
+from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.io import atomic_write_json, atomic_write_text, json_safe, read_json_object
+from gatedattn.infra.precision import resolve_dtype
+from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.calibration_report import sink_score, write_calibration_report
 from gatedattn.reproduce.claims import uniform_first_token_attention
-from gatedattn.settings import apply_sets, build, check_options, option
+from gatedattn.infra.settings import apply_sets, build, check_options, option
 from gatedattn.reproduce.runner import (
     TextConfig, ensure_data, make_step, run_one,
 )
-from gatedattn.timing import median_times
+from gatedattn.infra.timing import median_times
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gatedattn.analysis.plots import plot_sink_calibration
-from gatedattn.io import atomic_write_text
+from gatedattn.infra.io import atomic_write_text
 from gatedattn.reproduce.claims import uniform_first_token_attention
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gatedattn import paper as P
-from gatedattn.fmt import fmt_mean_std as _fmt
+from gatedattn.infra.fmt import fmt_mean_std as _fmt
 from gatedattn.analysis.metrics import differs_beyond_noise
 
 HELD, NOT_HELD, NOT_MEASURABLE = "held", "did not hold", "not measurable"

@@ -8,12 +8,12 @@ import shlex
 import sys
 from typing import Any
 
-from gatedattn.errors import ConfigError
-from gatedattn.guard import study_output
-from gatedattn.precision import DTYPES
+from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.guard import study_output
+from gatedattn.infra.precision import DTYPES
 from gatedattn.reproduce.runner import ReproduceConfig
 from gatedattn.reproduce.studies import ALWAYS, STUDIES, Study, rewrite
-from gatedattn.settings import apply_sets, help_text, parse_list, with_values
+from gatedattn.infra.settings import apply_sets, help_text, parse_list, with_values
 
 
 def _list_of(kind: type, flag: str):

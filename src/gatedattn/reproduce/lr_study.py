@@ -20,7 +20,7 @@ from gatedattn.data import TokenData
 from gatedattn.reproduce.claims import first_unstable_lr
 from gatedattn.reproduce.report import write_study_report
 from gatedattn.reproduce.runner import TextConfig, describe_recipe, plan_steps, run_apart, run_one
-from gatedattn.settings import option
+from gatedattn.infra.settings import option
 
 KEY = "lr_study"  # where the study's results sit in results.json
 CLAIMS = ("ga-stability",)

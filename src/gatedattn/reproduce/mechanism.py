@@ -33,17 +33,17 @@ import torch
 from gatedattn.analysis.metrics import seed_stat
 from gatedattn.analysis.registry import MECHANISM_METRICS, keys
 from gatedattn.data.backcopy import BigramBackcopy
-from gatedattn.errors import ConfigError, Interrupted
-from gatedattn.fmt import fmt_mean_std as _fmt
-from gatedattn.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.infra.errors import ConfigError, Interrupted
+from gatedattn.infra.fmt import fmt_mean_std as _fmt
+from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce.claims import (
     HELD, NOT_HELD, NOT_MEASURABLE, Claim, Verdict, compare, compare_metrics,
     uniform_first_token_attention,
 )
-from gatedattn.model import GatedLM
-from gatedattn.provenance import run_meta, say
+from gatedattn.models.lm import GatedLM
+from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.mechanism_probe import measure
-from gatedattn.settings import build, check_options, option
+from gatedattn.infra.settings import build, check_options, option
 from gatedattn.train import ModelRecipe, TrainConfig, train
 
 STUDY_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga-lowrank")

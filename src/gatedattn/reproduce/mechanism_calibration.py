@@ -35,14 +35,14 @@ from typing import Any
 
 from gatedattn.analysis import plots
 from gatedattn.analysis.metrics import seed_stat
-from gatedattn.errors import ConfigError
-from gatedattn.fmt import fmt_mean_std
-from gatedattn.io import atomic_write_json, atomic_write_text, json_safe
+from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.fmt import fmt_mean_std
+from gatedattn.infra.io import atomic_write_json, atomic_write_text, json_safe
 from gatedattn.reproduce.mechanism import (
     REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, ensure_task_data, run_one, study_meta,
 )
-from gatedattn.provenance import say
-from gatedattn.settings import build, check_options, option
+from gatedattn.infra.provenance import say
+from gatedattn.infra.settings import build, check_options, option
 
 VARIANTS = ("baseline", "gated", "sink")
 ANCHOR = ("Guo et al.'s own Bigram-Backcopy runs (1 layer, d_model 256, learned positions, LayerNorm, untied "

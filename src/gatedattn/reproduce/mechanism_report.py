@@ -8,8 +8,8 @@ from pathlib import Path
 
 from gatedattn.analysis import plots
 from gatedattn.analysis.registry import MECHANISM_METRICS, columns
-from gatedattn.fmt import fmt_cell
-from gatedattn.io import atomic_write_json, atomic_write_text, json_safe
+from gatedattn.infra.fmt import fmt_cell
+from gatedattn.infra.io import atomic_write_json, atomic_write_text, json_safe
 from gatedattn.reproduce.mechanism import (
     DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, build_results, study_meta, train_runs,
 )

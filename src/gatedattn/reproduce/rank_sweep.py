@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gatedattn.analysis.plots import plot_loss_vs_cost
-from gatedattn.errors import ConfigError
+from gatedattn.infra.errors import ConfigError
 from gatedattn.data import TokenData
 from gatedattn.reproduce.claims import REFERENCE, SWEPT, mean_rows
 from gatedattn.reproduce.report import write_study_report
 from gatedattn.reproduce.runner import TextConfig, gate_costs, plan_steps, run_apart, run_one
-from gatedattn.settings import option
+from gatedattn.infra.settings import option
 
 KEY = "rank_sweep"  # where the study's results sit in results.json
 CLAIMS = ("hyga-lowrank",)

@@ -8,8 +8,8 @@ from pathlib import Path
 from gatedattn import paper
 from gatedattn.analysis import plots
 from gatedattn.analysis.registry import TEXT_METRICS, columns
-from gatedattn.fmt import fmt_cell
-from gatedattn.io import atomic_write_text
+from gatedattn.infra.fmt import fmt_cell
+from gatedattn.infra.io import atomic_write_text
 from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM, judge_all
 
 # A report section: (results, output directory) -> markdown lines; it may write plots there.
@@ -22,7 +22,7 @@ OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon (hidden matrices) + AdamW"}
 
 
 def _mfu_note(speed: dict | None) -> str:
-    """`` (MFU 12.3 %)`` after a step time: model FLOP/s over the machine's measured peak (gatedattn.mfu)."""
+    """`` (MFU 12.3 %)`` after a step time: model FLOP/s over the machine's measured peak (gatedattn.models.mfu)."""
     m = (speed or {}).get("mfu")
     return "" if m is None else f" (MFU {100 * m:.1f} %)"
 

@@ -30,13 +30,13 @@ import torch
 from gatedattn.analysis.analyze import analyze, extrapolate
 from gatedattn.analysis.metrics import seed_stat
 from gatedattn.analysis.registry import TEXT_METRICS, keys
-from gatedattn.layer_cost import cost
+from gatedattn.layers.cost import cost
 from gatedattn.data import TokenData, prepare
-from gatedattn.errors import ConfigError, Interrupted
-from gatedattn.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.model import GatedLM
-from gatedattn.precision import resolve_dtype
-from gatedattn.provenance import run_meta, say
+from gatedattn.infra.errors import ConfigError, Interrupted
+from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.models.lm import GatedLM
+from gatedattn.infra.precision import resolve_dtype
+from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.pretrained.claims import judge as judge_pretrained
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
@@ -45,13 +45,13 @@ from gatedattn.reproduce.mechanism import (
     MechanismConfig, build_results as mechanism_results, judge_depths, train_runs,
 )
 from gatedattn.reproduce.report import Section, write_report
-from gatedattn.timing import interleaved_times, median_times
-from gatedattn.settings import build, check_options, dataclass_of, option
+from gatedattn.infra.timing import interleaved_times, median_times
+from gatedattn.infra.settings import build, check_options, dataclass_of, option
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.config import COMPILE_MODES, ModelRecipe, has_gate
 from gatedattn.train.metrics import SpeedMeter, read_records
 from gatedattn.train.trainer import Trainer
-from gatedattn.variants import VARIANTS
+from gatedattn.layers.variants import VARIANTS
 
 SUMMARY_METRICS = keys(TEXT_METRICS, "analysis")
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from gatedattn.errors import ConfigError
-from gatedattn.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce.calibration import CalibrationConfig, rewrite_calibration_report, run_calibration
 from gatedattn.reproduce.lr_study import CLAIMS as LR_CLAIMS, KEY as LR_KEY, LrConfig, lr_section, run_lr, write_lr_report
 from gatedattn.reproduce.mechanism import MechanismConfig, judge_depths

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from gatedattn.errors import GatedAttnError
-from gatedattn.integrity import atomic_save_safetensors, atomic_torch_save, check_dtypes, read_verified, record
-from gatedattn.io import atomic_dir, atomic_write_json, atomic_write_text, loads_json
-from gatedattn.model import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.integrity import atomic_save_safetensors, atomic_torch_save, check_dtypes, read_verified, record
+from gatedattn.infra.io import atomic_dir, atomic_write_json, atomic_write_text, loads_json
+from gatedattn.models.lm import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"

@@ -18,9 +18,9 @@ import json
 import sys
 import textwrap
 
-from gatedattn.errors import GatedAttnError, Interrupted
-from gatedattn.io import check_no_overlap, check_writable
-from gatedattn.settings import apply_sets, help_text, parse_list
+from gatedattn.infra.errors import GatedAttnError, Interrupted
+from gatedattn.infra.io import check_no_overlap, check_writable
+from gatedattn.infra.settings import apply_sets, help_text, parse_list
 from gatedattn.train.config import TrainConfig
 
 
@@ -65,7 +65,7 @@ def _resumed_config(args) -> TrainConfig:
     resumable fields, such as steps, may differ; the resume check says which did)."""
     from pathlib import Path
 
-    from gatedattn.io import read_json_object
+    from gatedattn.infra.io import read_json_object
     from gatedattn.train.rundir import CONFIG
 
     run = Path(args.resume)
@@ -133,7 +133,7 @@ def _is_main() -> bool:
 
 
 def _train(args) -> int:
-    from gatedattn.io import json_safe
+    from gatedattn.infra.io import json_safe
     from gatedattn.train.loop import train
 
     cfg, resume = _train_config(args)

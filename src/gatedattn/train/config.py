@@ -5,7 +5,7 @@ The config is a tree: ``TrainConfig`` holds the run's settings and a ``ModelReci
 gate and RoPE fields, which builds the ``ModelConfig`` once the data gives the vocabulary.
 Every field is documented once, where it is declared (``option(help=...)``); the
 command line's ``--set`` keys and their help are generated from this tree
-(:mod:`gatedattn.settings`).
+(:mod:`gatedattn.infra.settings`).
 
 The global batch is ``micro_batch * grad_accum * world_size`` rows of ``seq_len`` tokens
 (plus the BOS column the data adds); ``world_size`` is the number of data-parallel
@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from gatedattn.config import AttentionConfig, GateConfig, RopeConfig
-from gatedattn.errors import ConfigError, check_choice, check_types
-from gatedattn.model import SIZE_PRESETS, ModelConfig
-from gatedattn.precision import DTYPES
-from gatedattn.settings import apply_sets, build, check_options, option, parse_value, resolve, settings
-from gatedattn.variants import VARIANTS
+from gatedattn.layers.config import AttentionConfig, GateConfig, RopeConfig
+from gatedattn.infra.errors import ConfigError, check_choice, check_types
+from gatedattn.models.lm import SIZE_PRESETS, ModelConfig
+from gatedattn.infra.precision import DTYPES
+from gatedattn.infra.settings import apply_sets, build, check_options, option, parse_value, resolve, settings
+from gatedattn.layers.variants import VARIANTS
 
 # ``TrainConfig.trainable``'s named groups (anything else is an fnmatch pattern over parameter
 # names); what each selects is ``gatedattn.train.optim.matches``
@@ -355,7 +355,7 @@ class TrainConfig:
     @classmethod
     def from_sets(cls, base: dict[str, Any], sets: list[str] | tuple[str, ...] = (),
                   flags: dict[str, str] | None = None) -> "TrainConfig":
-        """``TrainConfig(**base)`` with ``KEY=VALUE`` strings applied (:func:`gatedattn.settings.apply_sets`);
+        """``TrainConfig(**base)`` with ``KEY=VALUE`` strings applied (:func:`gatedattn.infra.settings.apply_sets`);
         keys in ``flags`` (full key -> option) are refused."""
         return apply_sets(cls(**base), sets, flags)
 
@@ -430,7 +430,7 @@ def lookup(d: Any, path: tuple[str, ...]) -> Any:
 def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``["lr=3e-3", "gate.activation=silu"]`` -> ``{"lr": 0.003, "model.gate.activation": "silu"}``
     (full keys; values parsed by type)."""
-    from gatedattn.settings import parse_sets as parse_paths
+    from gatedattn.infra.settings import parse_sets as parse_paths
 
     by_path = {s.path: s.key for s in settings(TrainConfig)}
     return {by_path[path]: value for path, value in parse_paths(TrainConfig, sets).items()}

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gatedattn.device import resolve_device
-from gatedattn.errors import ConfigError, GatedAttnError
+from gatedattn.infra.device import resolve_device
+from gatedattn.infra.errors import ConfigError, GatedAttnError
 
 
 @dataclass
@@ -38,7 +38,7 @@ class DistEnv:
 
 
 def pick_device(pref: str, local_rank: int = 0) -> torch.device:
-    """``TrainConfig.device`` on this rank (:func:`gatedattn.device.resolve_device`)."""
+    """``TrainConfig.device`` on this rank (:func:`gatedattn.infra.device.resolve_device`)."""
     if pref == "cuda" and not torch.cuda.is_available():
         raise ConfigError("TrainConfig.device='cuda' but CUDA is not available; use 'auto' or 'cpu'")
     return resolve_device(pref, local_rank)

@@ -21,8 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gatedattn.data import TokenData
-from gatedattn.errors import GatedAttnError
-from gatedattn.model import GatedLM, ModelConfig, load_model_config
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.models.lm import GatedLM, ModelConfig, load_model_config
 from gatedattn.train import checkpoint as ckpt_mod
 
 TOKENIZER = "tokenizer.json"
@@ -52,7 +52,7 @@ def load_init_model(cfg, data: TokenData) -> GatedLM:
 
 def check_tokenizer(path: Path, data: TokenData) -> None:
     """A model directory's ``tokenizer.json``, if it has one, must tokenize as the data's."""
-    from gatedattn.integrity import tokenizer_fingerprint
+    from gatedattn.infra.integrity import tokenizer_fingerprint
 
     theirs = path / TOKENIZER
     if not path.is_dir() or not theirs.is_file():

@@ -22,12 +22,12 @@ import torch
 from tqdm import tqdm
 
 from gatedattn.data import TokenData
-from gatedattn.errors import GatedAttnError, Interrupted
-from gatedattn.integrity import record as record_checksum
-from gatedattn.io import atomic_dir, atomic_write_json, check_writable, interruptible, json_safe
-from gatedattn.sizes import check_training_size
-from gatedattn.model import GatedLM, ModelConfig, check_state_dict
-from gatedattn.precision import resolve_dtype
+from gatedattn.infra.errors import GatedAttnError, Interrupted
+from gatedattn.infra.integrity import record as record_checksum
+from gatedattn.infra.io import atomic_dir, atomic_write_json, check_writable, interruptible, json_safe
+from gatedattn.infra.sizes import check_training_size
+from gatedattn.models.lm import GatedLM, ModelConfig, check_state_dict
+from gatedattn.infra.precision import resolve_dtype
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
 from gatedattn.train import rundir

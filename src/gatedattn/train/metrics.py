@@ -4,7 +4,7 @@
 
 - ``train``: step, tokens, loss, lr, grad_norm, tokens_per_s, model_flops_per_s and mfu
   (model FLOP/s and its ratio to the machine's measured peak in the run's dtype, times the
-  devices: ``gatedattn.mfu``; mfu is null when no peak could be measured),
+  devices: ``gatedattn.models.mfu``; mfu is null when no peak could be measured),
   peak_flops_per_s (per device), elapsed_s, spikes (count so far), skipped_steps (count so far);
 - ``eval``: step, tokens, val_loss, val_ppl, elapsed_s and the eval hook's metrics;
 - ``diverged``: step, loss, reason; ``resume``: step, the fields that changed.
@@ -24,8 +24,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterable
 
-from gatedattn.io import atomic_write_text, json_safe, read_jsonl
-from gatedattn.mfu import Peak, peak_flops, speed_fields, train_flops_per_token
+from gatedattn.infra.io import atomic_write_text, json_safe, read_jsonl
+from gatedattn.models.mfu import Peak, peak_flops, speed_fields, train_flops_per_token
 
 JSONL = "metrics.jsonl"
 CSV = "metrics.csv"
@@ -124,7 +124,7 @@ class SpikeTracker:
 
 class SpeedMeter:
     """Model FLOP/s and MFU of a training run: ``flops_per_token`` (forward + backward of
-    the model at the run's context, ``gatedattn.mfu``), the ``peak`` of one device in the
+    the model at the run's context, ``gatedattn.models.mfu``), the ``peak`` of one device in the
     run's dtype (None: unknown) and the number of ``devices`` the tokens/s is over."""
 
     def __init__(self, flops_per_token: float, peak: Peak | None, devices: int = 1):
@@ -147,8 +147,8 @@ class SpeedMeter:
     def for_config(cls, train_cfg, data) -> "SpeedMeter":
         """The meter of a run of ``train_cfg`` (a ``TrainConfig``) on ``data`` (its
         vocabulary), one process on the config's device."""
-        from gatedattn.device import resolve_device
-        from gatedattn.precision import resolve_dtype
+        from gatedattn.infra.device import resolve_device
+        from gatedattn.infra.precision import resolve_dtype
 
         device = resolve_device(train_cfg.device)
         model_cfg = train_cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)

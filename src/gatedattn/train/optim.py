@@ -22,8 +22,8 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from gatedattn.errors import ConfigError
-from gatedattn.gates import PerHeadLinear
+from gatedattn.infra.errors import ConfigError
+from gatedattn.layers.gates import PerHeadLinear
 from gatedattn.train.config import TRAINABLE_GROUPS
 
 

@@ -12,7 +12,6 @@ import dataclasses
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,10 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from gatedattn.errors import GatedAttnError
-from gatedattn.io import read_json_object
-from gatedattn.io import atomic_write_json
-from gatedattn.model import ModelConfig
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.provenance import code_version
+from gatedattn.infra.io import read_json_object
+from gatedattn.infra.io import atomic_write_json
+from gatedattn.models.lm import ModelConfig
 from gatedattn.train.config import RESUMABLE_FIELDS, config_diff, lookup, upgrade_dict
 
 CONFIG = "config.json"
@@ -37,7 +37,7 @@ FINAL = "final"
 def data_fingerprint(data) -> dict[str, Any]:
     """What identifies a data directory's contents (not its path): the streams and the
     tokenizer (what it tokenizes, see ``integrity.tokenizer_fingerprint``)."""
-    from gatedattn.integrity import tokenizer_fingerprint
+    from gatedattn.infra.integrity import tokenizer_fingerprint
 
     m = data.manifest
     return {"vocab_size": m.vocab_size, "bos_id": m.bos_id, "eos_id": m.eos_id,
@@ -83,7 +83,7 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: fro
 
 def _holds_anything(out: Path) -> bool:
     """Whether ``out`` holds more than a lock file and a killed write's temporaries."""
-    from gatedattn.io import LOCK_FILE
+    from gatedattn.infra.io import LOCK_FILE
     from gatedattn.train.checkpoint import is_temporary
 
     return any(p.name != LOCK_FILE and not is_temporary(p) for p in out.iterdir())
@@ -113,7 +113,7 @@ def remove_new_run_files(out: Path) -> None:
 def lock_run(out: Path) -> Any:
     """The run directory's lock (``io.DirLock``): one writer per run; a second one is refused
     naming the first one's PID."""
-    from gatedattn.io import DirLock
+    from gatedattn.infra.io import DirLock
 
     return DirLock(out, "run directory")
 
@@ -149,33 +149,6 @@ def check_resume(out: Path, identity: dict[str, Any], ckpt_info: dict[str, Any] 
     diff = first_difference(old, identity, RESUMABLE_FIELDS)
     if diff is not None:
         raise GatedAttnError(f"cannot resume {out}: its {what} has a different config ({diff})")
-
-
-def code_version() -> dict[str, Any]:
-    """Git commit and dirty flag of the source tree gatedattn was imported from (None when
-    it is not a git checkout), and the gatedattn version."""
-    import gatedattn
-
-    src = Path(gatedattn.__file__).resolve().parent
-    commit, dirty = None, None
-    try:
-        out = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if out.returncode == 0:
-            commit = out.stdout.strip()
-            st = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=30)
-            dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"git_commit": commit, "git_dirty": dirty, "gatedattn_version": getattr(gatedattn, "__version__", None)}
-
-
-def describe_code_version(version: dict[str, Any]) -> str:
-    """``code_version()`` in words: ``"commit abc1234 + local changes"``."""
-    commit = version.get("git_commit")
-    if not commit:
-        return "unknown commit"
-    return f"commit {commit[:7]}{' + local changes' if version.get('git_dirty') else ''}"
 
 
 def environment(device: torch.device, world_size: int) -> dict[str, Any]:

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gatedattn.data import TokenData
-from gatedattn.errors import GatedAttnError
-from gatedattn.fmt import fmt_value
-from gatedattn.io import atomic_write_json, atomic_write_text
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.fmt import fmt_value
+from gatedattn.infra.io import atomic_write_json, atomic_write_text
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
 from gatedattn.train import rundir
 from gatedattn.train.config import TrainConfig
-from gatedattn.io import json_safe
+from gatedattn.infra.io import json_safe
 from gatedattn.train.loop import EvalHook, _check_data, check_trainable, train
 
 SWEEP_JSON = "sweep.json"

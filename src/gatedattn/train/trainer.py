@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gatedattn.data import TokenData
-from gatedattn.errors import GatedAttnError
-from gatedattn.model import GatedLM, ModelConfig
-from gatedattn.precision import resolve_dtype
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.models.lm import GatedLM, ModelConfig
+from gatedattn.infra.precision import resolve_dtype
 from gatedattn.train import checkpoint as ckpt_mod
 from gatedattn.train import distributed as D
 from gatedattn.train import rundir

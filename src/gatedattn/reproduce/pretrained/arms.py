@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from gatedattn.core import WindowCore
+from gatedattn.layers.core import WindowCore
 from gatedattn.hf import add_gates
-from gatedattn.model import GatedLM
+from gatedattn.models.lm import GatedLM
 from gatedattn.ops.window import window_probs
 from gatedattn.reproduce.pretrained.masked import attention_mode, prefix, tail_losses
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gatedattn.errors import ConfigError
-from gatedattn.settings import build, check_options, option
+from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.settings import build, check_options, option
 
 ARMS = ("sink", "gate-headwise", "gate", "control")
 FIRST_TOKENS = ("bos", "none")

@@ -1,7 +1,7 @@
 """Run a frozen model under window attention, with the first position kept or dropped.
 
 :func:`attention_mode` swaps every layer's attention core for a
-:class:`~gatedattn.core.WindowCore` for the body of a ``with``. The arms train parameters
+:class:`~gatedattn.layers.core.WindowCore` for the body of a ``with``. The arms train parameters
 only in the layers from ``start`` up, so the layers below run once per window and mode
 (:func:`prefix`) and training runs the rest (:func:`tail_losses`) from that cached
 residual stream: same numbers as the whole model, at a fraction of the cost.
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gatedattn.core import WindowCore
-from gatedattn.model import GatedLM
+from gatedattn.layers.core import WindowCore
+from gatedattn.models.lm import GatedLM
 
 # the two arms of every comparison: the first position kept in each query's window, or dropped from it
 KEPT, DROPPED = "keep", "drop"

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from gatedattn.analysis import analyze
-from gatedattn.model import GatedLM
+from gatedattn.models.lm import GatedLM
 from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, window_losses
 
 # the analysis keys the report reads (the rest of analyze's result stays out of results.json)

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos
-from gatedattn.errors import ConfigError
-from gatedattn.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.model import GatedLM
-from gatedattn.provenance import run_meta, say
+from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.models.lm import GatedLM
+from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.pretrained import claims
 from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, head_stats, train_arm
 from gatedattn.reproduce.pretrained.config import PretrainedConfig

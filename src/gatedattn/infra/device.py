@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 DTYPES = ("auto", "fp32", "bf16")
 

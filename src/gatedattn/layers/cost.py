@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from gatedattn.attention import Attention
-from gatedattn.config import AttentionConfig
+from gatedattn.layers.attention import Attention
+from gatedattn.layers.config import AttentionConfig
 
 @dataclass(frozen=True)
 class Cost:

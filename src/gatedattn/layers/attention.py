@@ -30,14 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gatedattn.cache import KVCache
-from gatedattn.config import AttentionConfig, RopeConfig
-from gatedattn.core import AttentionCore
-from gatedattn.errors import GatedAttnError
-from gatedattn.gates import Gate, HeadTransform
-from gatedattn.norm import RMSNorm
+from gatedattn.layers.cache import KVCache
+from gatedattn.layers.config import AttentionConfig, RopeConfig
+from gatedattn.layers.core import AttentionCore
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.layers.gates import Gate, HeadTransform
+from gatedattn.layers.norm import RMSNorm
 from gatedattn.ops.gate import gated_linear
-from gatedattn.rope import Rotary, apply_rope
+from gatedattn.layers.rope import Rotary, apply_rope
 
 # index into (q, k, v) of the tensor that a projection-side gate scales
 _PROJECTION_GATES = {"g4": 0, "g3": 1, "g2": 2}

@@ -45,7 +45,7 @@ def fmt_cell(m: dict | None, digits: int) -> str:
 
 
 def finite_or_none(x: float | None) -> float | None:
-    """A finite float, or None (strict JSON has no NaN / inf; see ``gatedattn.io.json_safe``)."""
+    """A finite float, or None (strict JSON has no NaN / inf; see ``gatedattn.infra.io.json_safe``)."""
     if x is None:
         return None
     x = float(x)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 GB = 1 << 30
 

@@ -23,8 +23,8 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import save_file
 
-from gatedattn.errors import GatedAttnError
-from gatedattn.io import atomic_dir, atomic_write, atomic_write_text, loads_json
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.io import atomic_dir, atomic_write, atomic_write_text, loads_json
 
 CHECKSUMS = "checksums.json"
 _CHUNK = 1 << 22

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from gatedattn.config import RopeConfig
+from gatedattn.layers.config import RopeConfig
 
 
 def rope_frequencies(cfg: RopeConfig, rot_dim: int) -> tuple[torch.Tensor, float]:

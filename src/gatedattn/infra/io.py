@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from gatedattn.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError
 
 
 def current_umask() -> int:
@@ -370,10 +370,10 @@ class DirLock:
 # ---------------------------------------------------------------------------- signals
 @contextlib.contextmanager
 def interruptible(message: Callable[[str], str] | str) -> Iterator[None]:
-    """While inside: SIGINT and SIGTERM raise :class:`gatedattn.errors.Interrupted` with the
+    """While inside: SIGINT and SIGTERM raise :class:`gatedattn.infra.errors.Interrupted` with the
     one line ``"<SIGNAL>: <message>"`` (what was kept and how to continue) and exit status
     128 + the signal. Outside the main thread (no signals there) it does nothing."""
-    from gatedattn.errors import Interrupted
+    from gatedattn.infra.errors import Interrupted
 
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -19,8 +19,8 @@ import contextlib
 import os
 from typing import Iterator
 
-from gatedattn.io import DirLock, check_writable, interruptible
-from gatedattn.sizes import check_budget_minutes
+from gatedattn.infra.io import DirLock, check_writable, interruptible
+from gatedattn.infra.sizes import check_budget_minutes
 
 
 @contextlib.contextmanager

@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatedattn.errors import check_types, ConfigError, check_choice
-from gatedattn.settings import build, option
+from gatedattn.infra.errors import check_types, ConfigError, check_choice
+from gatedattn.infra.settings import build, option
 
 GATE_POSITIONS = ("g1", "g2", "g3", "g4", "g5")
 GRANULARITIES = ("elementwise", "headwise")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,33 @@ from typing import Any
 import torch
 
 from gatedattn import __version__
-from gatedattn.train.rundir import code_version, describe_code_version
+
+
+def code_version() -> dict[str, Any]:
+    """Git commit and dirty flag of the source tree gatedattn was imported from (None when
+    it is not a git checkout), and the gatedattn version."""
+    import gatedattn
+
+    src = Path(gatedattn.__file__).resolve().parent
+    commit, dirty = None, None
+    try:
+        out = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            commit = out.stdout.strip()
+            st = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
+            dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"git_commit": commit, "git_dirty": dirty, "gatedattn_version": getattr(gatedattn, "__version__", None)}
+
+
+def describe_code_version(version: dict[str, Any]) -> str:
+    """``code_version()`` in words: ``"commit abc1234 + local changes"``."""
+    commit = version.get("git_commit")
+    if not commit:
+        return "unknown commit"
+    return f"commit {commit[:7]}{' + local changes' if version.get('git_dirty') else ''}"
 
 
 def cpu_model() -> str:

@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gatedattn.config import AttentionConfig, GateConfig
-from gatedattn.layer_cost import cost
-from gatedattn.errors import ConfigError
+from gatedattn.layers.config import AttentionConfig, GateConfig
+from gatedattn.layers.cost import cost
+from gatedattn.infra.errors import ConfigError
 from gatedattn.paper import HYGA_LOWRANK, HYGA_OVER_GATED, HYGA_SINK_GAIN, PPL
 
 

@@ -18,23 +18,23 @@ import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gatedattn.attention import Attention
-from gatedattn.cache import KVCache
-from gatedattn.config import AttentionConfig, RopeConfig
-from gatedattn.errors import ConfigError, GatedAttnError, check_types
-from gatedattn.gates import Gate
-from gatedattn.integrity import atomic_model_dir, atomic_save_safetensors, record as record_checksum, verify_file
-from gatedattn.io import atomic_write_json, read_json_object
-from gatedattn.norm import RMSNorm
-from gatedattn.settings import build, check_options, option
-from gatedattn.variants import get_variant
+from gatedattn.layers.attention import Attention
+from gatedattn.layers.cache import KVCache
+from gatedattn.layers.config import AttentionConfig, RopeConfig
+from gatedattn.infra.errors import ConfigError, GatedAttnError, check_types
+from gatedattn.layers.gates import Gate
+from gatedattn.infra.integrity import atomic_model_dir, atomic_save_safetensors, record as record_checksum, verify_file
+from gatedattn.infra.io import atomic_write_json, read_json_object
+from gatedattn.layers.norm import RMSNorm
+from gatedattn.infra.settings import build, check_options, option
+from gatedattn.layers.variants import get_variant
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -404,23 +404,22 @@ class GatedLM(nn.Module):
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    def save_pretrained(self, directory: str | Path, self_contained: bool = False) -> Path:
+    def save_pretrained(self, directory: str | Path,
+                        extra: Callable[[Path], dict[str, Any]] | None = None) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (no pickle) into a directory written
         beside ``directory`` and renamed into place, so an existing model there survives any
         failure whole (its other files, e.g. a tokenizer, are carried over).
-        ``self_contained`` also writes the modelling code and an ``auto_map``, so that
-        ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` works
-        where gatedattn is not installed (see ``gatedattn.hf.bundle``)."""
+        ``extra(tmp)``, if given, writes more files into that directory before it is renamed
+        and returns entries for ``config.json`` (``gatedattn.hf.save_self_contained`` writes
+        the modelling code and its ``auto_map`` this way)."""
         directory = Path(directory)
         state = self.state_dict()
         if self.cfg.tie_embeddings:
             state.pop("lm_head.weight")
         config = self.cfg.to_dict()
         with atomic_model_dir(directory) as tmp:  # an existing model survives any failure whole
-            if self_contained:
-                from gatedattn.hf.bundle import write_code
-
-                config["auto_map"] = write_code(tmp)
+            if extra is not None:
+                config.update(extra(tmp))
             atomic_save_safetensors(tmp / WEIGHTS_FILE, state, metadata={"format": "pt"})
             record_checksum(atomic_write_json(tmp / CONFIG_FILE, config))
         return directory
@@ -474,7 +473,7 @@ def read_safetensors(path: Path, map_location="cpu", *, finite: bool = True) -> 
     from safetensors import SafetensorError
     from safetensors.torch import load
 
-    from gatedattn.integrity import check_finite, read_verified
+    from gatedattn.infra.integrity import check_finite, read_verified
 
     path = Path(path)
     if not path.is_file():

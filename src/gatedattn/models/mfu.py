@@ -45,9 +45,9 @@ BUDGET_S = 0.25  # stop growing the size once the products have taken this long
 # ------------------------------------------------------------------------- model FLOPs
 def forward_flops(cfg, seq_len: int) -> int:
     """Forward FLOPs of one sequence of ``seq_len`` tokens through ``GatedLM(cfg)``
-    (``cfg`` a :class:`~gatedattn.model.ModelConfig`): per block the attention layer
+    (``cfg`` a :class:`~gatedattn.models.lm.ModelConfig`): per block the attention layer
     (``gatedattn.cost``) and the SwiGLU's three products, then the LM head."""
-    from gatedattn.layer_cost import cost
+    from gatedattn.layers.cost import cost
 
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1")
@@ -116,7 +116,7 @@ def machine_key(dtype: str, device: torch.device | str = "cpu") -> str:
         major, minor = torch.cuda.get_device_capability(device)
         where = f"cuda|{torch.cuda.get_device_name(device)}|sm_{major}{minor}"
     else:
-        from gatedattn.provenance import cpu_model
+        from gatedattn.infra.provenance import cpu_model
 
         where = f"{device.type}|{cpu_model()}|{torch.backends.cpu.get_cpu_capability()}"
     return f"{where}|torch {torch.__version__}|threads {torch.get_num_threads()}|{dtype}"
@@ -161,8 +161,8 @@ def measure_peak_flops(dtype: str, device: torch.device | str = "cpu", *, budget
 
 def _read_entries(path: Path) -> dict:
     """The cache's entries; {} when the file is missing, unreadable, corrupt or of another schema."""
-    from gatedattn.errors import GatedAttnError
-    from gatedattn.io import read_json
+    from gatedattn.infra.errors import GatedAttnError
+    from gatedattn.infra.io import read_json
 
     try:
         data = read_json(path)
@@ -186,8 +186,8 @@ def peak_flops(dtype: str, device: torch.device | str = "cpu", *, path: str | os
     on a busy machine runs slower, so a later timing can only correct a peak upwards
     (``gatedattn bench`` retimes on every run). A cache that cannot be written leaves the
     peak measured for this call only."""
-    from gatedattn.errors import GatedAttnError
-    from gatedattn.io import atomic_write_json
+    from gatedattn.infra.errors import GatedAttnError
+    from gatedattn.infra.io import atomic_write_json
 
     key = machine_key(dtype, device)
     path = Path(path) if path is not None else cache_path()

@@ -28,7 +28,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from gatedattn.errors import ConfigError
+from gatedattn.infra.errors import ConfigError
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gatedattn.config import GateConfig
-from gatedattn.norm import RMSNorm
+from gatedattn.layers.config import GateConfig
+from gatedattn.layers.norm import RMSNorm
 
 
 def _uniform_(p: torch.Tensor, fan_in: int) -> torch.Tensor:
