@@ -212,7 +212,7 @@ def test_interrupted_then_resumed_equals_uninterrupted_without_the_init_model(da
 
 
 def test_from_a_hf_llama_directory(data_dir, data, tmp_path, monkeypatch):  # noqa: F811
-    from test_hf_import import make_hf
+    from hf_models import make_hf
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _, hf_dir = make_hf(LlamaForCausalLM, LlamaConfig, tmp_path, vocab_size=data.vocab_size + 20)  # no tokenizer

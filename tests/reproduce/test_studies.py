@@ -195,7 +195,7 @@ def test_gpu_scale_up_script_runs_its_pipeline_on_cpu(tmp_path, data_dir):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable, "OUT": str(tmp_path / "gpu")}
     proc = subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh"), "--quick", "--steps", "6", "--multiples", "1",
                            "--data", data_dir, "-q"], env=env, capture_output=True, text=True, timeout=600)
@@ -217,7 +217,7 @@ def test_gpu_scale_up_script_default_arguments_make_a_valid_config(tmp_path):
     from gatedattn.reproduce.cli import _check_flags, study_config
     from gatedattn.reproduce.studies import STUDIES
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     args_file = tmp_path / "args"
     fake = tmp_path / "python"
     fake.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" > {shlex.quote(str(args_file))}\n')
@@ -314,7 +314,7 @@ def test_calibration_report_only_recomputes_the_uniform_level_and_says_when_the_
     from gatedattn.cli import main
     from gatedattn.reproduce.claims import uniform_first_token_attention
 
-    docs = Path(__file__).parent.parent / "docs"
+    docs = Path(__file__).parents[2] / "docs"
     out = tmp_path / "cal"
     shutil.copytree(docs / "sink-calibration", out)
     results = json.loads((out / "results.json").read_text())
@@ -354,6 +354,6 @@ def test_compile_vs_eager_script_parses_its_arguments():
     import sys
     from pathlib import Path
 
-    script = Path(__file__).parent.parent / "scripts" / "compile_vs_eager.py"
+    script = Path(__file__).parents[2] / "scripts" / "compile_vs_eager.py"
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--budget-minutes" in done.stdout and "interleaved rounds" in done.stdout

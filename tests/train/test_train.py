@@ -25,7 +25,7 @@ from gatedattn.train import TrainConfig, lr_at, lr_schedule, parse_sets, settabl
 from gatedattn.train.cli import main
 from gatedattn.train.optim import build_optimizer, split_parameters
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 WORDS = ("the cat sat on a mat while dogs ran over hills and birds sang in tall green trees near quiet "
          "rivers under a pale moon as old men told stories of ships and storms").split()
 

@@ -1,9 +1,9 @@
 """The Trainer against the trainer it replaced: the same losses (to float32 rounding), and a run
 directory written by the old code resumes to the old code's losses.
 
-``tests/data/legacy_losses.json`` and ``tests/data/legacy_run`` were recorded with the
+``tests/fixtures/legacy_losses.json`` and ``tests/fixtures/legacy_run`` were recorded with the
 previous trainer (one 185-line loop, main at 1eed29b, which includes the fused gate
-projection) on ``tests/data/legacy_data``, by running ``train(TrainConfig(...))`` with the
+projection) on ``tests/fixtures/legacy_data``, by running ``train(TrainConfig(...))`` with the
 configurations listed in the JSON file.
 """
 
@@ -21,7 +21,7 @@ from gatedattn.train import TrainConfig, train
 from gatedattn.train.trainer import Trainer, TrainState
 from test_train import make_cfg
 
-LEGACY = Path(__file__).parent / "data"
+LEGACY = Path(__file__).parents[1] / "fixtures"
 
 
 @pytest.fixture
