@@ -15,7 +15,9 @@ import torch
 
 from gatedattn.data import TokenData
 from gatedattn.infra.precision import resolve_dtype
-from gatedattn.reproduce.runner import TextConfig, ensure_data, time_compiled
+from gatedattn.reproduce.text.config import TextConfig
+from gatedattn.reproduce.text.plan import time_compiled
+from gatedattn.reproduce.text.run import ensure_data
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ def _seed():
 @pytest.fixture(scope="session")
 def default_corpus_dir(tmp_path_factory):
     """The bundled default corpus prepared once for the whole run, as ``gatedattn reproduce``
-    prepares it (``reproduce.runner.ensure_data``). Under pytest-xdist the workers share one
+    prepares it (``reproduce.text.run.ensure_data``). Under pytest-xdist the workers share one
     copy: the first to take the lock prepares it, the others wait and reuse it."""
     import fcntl
 

@@ -106,7 +106,7 @@ def _tiny_data(tmp_path):
 
 
 def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
-    from gatedattn.reproduce import runner
+    from gatedattn.reproduce.text import plan as runner
 
     data = _tiny_data(tmp_path)
     cfg = ReproduceConfig.quick(steps=None, budget_minutes=1.0, variants=("baseline", "gated"), preset="micro")
@@ -119,7 +119,7 @@ def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
 
 
 def test_budget_steps_down_to_a_smaller_model_then_fewer_seeds(monkeypatch):
-    from gatedattn.reproduce import runner
+    from gatedattn.reproduce.text import plan as runner
 
     seconds = {"small": 1.0, "tiny": 0.2}  # per step of each variant at each preset
 
@@ -172,7 +172,7 @@ def test_lr_study_records_divergence(tmp_path, default_cache, capsys):
 
 def test_time_compiled_times_both_modes_of_every_variant_in_the_same_rounds(tmp_path, monkeypatch):
     from gatedattn import GatedLM
-    from gatedattn.reproduce import runner
+    from gatedattn.reproduce.text import plan as runner
     from torch import nn
 
     data = _tiny_data(tmp_path)
@@ -195,7 +195,7 @@ def test_time_compiled_times_both_modes_of_every_variant_in_the_same_rounds(tmp_
 def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
     """auto with a budget: compiled steps (their compile time paid once per run) against the
     eager plan; the faster over the budget wins, and the decision carries its figures."""
-    from gatedattn.reproduce import runner
+    from gatedattn.reproduce.text import plan as runner
 
     base = ReproduceConfig.make(budget_minutes=10.0, preset="small", seeds=2, min_steps=100)
     eager = {"baseline": 1.0, "gated": 1.0}

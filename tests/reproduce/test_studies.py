@@ -8,7 +8,7 @@ import pytest
 
 from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce import RankConfig, ReproduceConfig, TextConfig, reproduce
-from gatedattn.reproduce.runner import add_strongest_layer
+from gatedattn.reproduce.text.run import add_strongest_layer
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_strongest_layer_is_the_baselines():
 
 def test_time_steps_times_every_variant(data_dir):
     from gatedattn.data import TokenData
-    from gatedattn.reproduce.runner import time_steps
+    from gatedattn.reproduce.text.plan import time_steps
 
     cfg = ReproduceConfig.quick(preset="micro", variants=("baseline", "gated"), data_dir=data_dir, progress=False)
     timed = time_steps(cfg, TokenData(data_dir), repeats=2)
@@ -249,7 +249,7 @@ def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
 
 @pytest.mark.slow
 def test_a_second_call_reuses_finished_runs_and_their_analysis(tmp_path, data_dir, monkeypatch):
-    from gatedattn.reproduce import runner
+    from gatedattn.reproduce.text import run as runner
 
     cfg = TextConfig.quick(preset="micro", steps=4, evals=1, analysis_sequences=4, multiples=(1,), data_dir=data_dir,
                            variants=("baseline",), out_dir=str(tmp_path / "r"), progress=False)
@@ -275,7 +275,7 @@ def test_a_signal_stops_the_whole_study(tmp_path, data_dir, monkeypatch):
     import types
 
     from gatedattn.infra.errors import Interrupted
-    from gatedattn.reproduce import runner
+    from gatedattn.reproduce.text import run as runner
 
     trained = []
 

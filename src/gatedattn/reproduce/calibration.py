@@ -41,10 +41,11 @@ from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.calibration_report import sink_score, write_calibration_report
 from gatedattn.reproduce.claims import uniform_first_token_attention
 from gatedattn.infra.settings import apply_sets, build, check_options, option
-from gatedattn.reproduce.runner import (
-    TextConfig, ensure_data, make_step, run_one,
-)
+from gatedattn.reproduce.text.config import TextConfig
+from gatedattn.reproduce.text.plan import step_fn
+from gatedattn.reproduce.text.run import ensure_data, run_one
 from gatedattn.infra.timing import median_times
+from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def time_levers(cfg: CalibrationConfig, data_dirs: dict[str, Path], repeats: int
         if names is not None and lever.name not in names:
             continue
         d = data_dirs[lever.name]
-        steps[lever.name] = make_step(cfg.recipe(lever, steps=10, data_dir=str(d)), "baseline", TokenData(d))
+        steps[lever.name] = step_fn(cfg.recipe(lever, steps=10, data_dir=str(d)), "baseline", TokenData(d))
     return median_times(steps, repeats=repeats)
 
 
@@ -329,3 +330,13 @@ def rank(rows: list[dict[str, Any]]) -> list[str]:
 
 def _say(msg: str) -> None:
     say("calibrate", msg)
+
+
+FLAGS: dict[str, Flag] = {
+    "--levers": Flag("levers", "levers to measure (default all; an unknown name lists them)",
+                     type=list_of(str, "--levers")),
+    "--budget-minutes": Flag("minutes_per_run", "minutes of training steps per lever (default 2.5, timed here first)",
+                             type=float),
+    "--steps": Flag("steps", "", type=int), "--data": Flag("data_dir", ""),
+    "--set": Flag("base_sets", "", repeat=True), "--out": out_flag(), "--quiet": quiet_flag(),
+}

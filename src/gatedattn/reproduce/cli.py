@@ -8,19 +8,13 @@ import shlex
 import sys
 from typing import Any
 
-from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.infra.guard import study_output
-from gatedattn.infra.precision import DTYPES
-from gatedattn.reproduce.runner import ReproduceConfig
-from gatedattn.reproduce.studies import ALWAYS, STUDIES, Study, rewrite
-from gatedattn.infra.settings import apply_sets, help_text, parse_list, with_values
+from gatedattn.infra.settings import apply_sets, help_text, settings, with_values
+from gatedattn.reproduce.registry import ALWAYS, QUIET_FLAG, Flag, Study
+from gatedattn.reproduce.studies import STUDIES, rewrite
 
-
-def _list_of(kind: type, flag: str):
-    def parse(text: str) -> tuple:
-        return tuple(parse_list(text, kind, flag))
-
-    return parse
+CLI_FLAGS = ("--study", "--set", "--report-only", "--quick")  # declared by the command itself
 
 
 def _dest(flag: str) -> str:
@@ -82,51 +76,66 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kind(flag: Flag) -> tuple:
+    """What must agree between flags of the same name in several studies."""
+    return (getattr(flag.type, "kind", flag.type), flag.switch, flag.repeat, flag.choices)
+
+
+def flag_help(study: Study, flag: Flag) -> str:
+    """A flag's help: its own, else the help of the config field it sets."""
+    if flag.help:
+        return flag.help
+    return next((s.help for s in settings(study.config) if s.key == flag.key), "")
+
+
+def study_arguments() -> dict[str, dict[str, Any]]:
+    """Every flag of every registered study once, as ``add_argument`` keywords; where
+    studies give a flag different helps, each study's is shown, named."""
+    uses: dict[str, list[tuple[Study, Flag]]] = {}
+    for study in STUDIES.values():
+        for name, flag in study.flags.items():
+            if name not in CLI_FLAGS:
+                uses.setdefault(name, []).append((study, flag))
+    arguments = {}
+    for name, pairs in uses.items():
+        kinds = {_kind(f) for _, f in pairs}
+        if len(kinds) > 1:
+            raise GatedAttnError(f"the studies declare {name} differently (type, switch, repeat or choices): "
+                                 f"{', '.join(s.name for s, _ in pairs)}")
+        flag = pairs[0][1]
+        helps: dict[str, list[str]] = {}
+        for study, f in pairs:
+            helps.setdefault(flag_help(study, f), []).append(study.name)
+        text = next(iter(helps)) if len(helps) == 1 else "; ".join(
+            f"--study {', '.join(names)}: {h}" for h, names in helps.items())
+        if flag.switch:
+            kw: dict[str, Any] = {"action": "store_true"}
+        else:
+            kw = {"action": "append" if flag.repeat else "store"}
+            if flag.type is not None:
+                kw["type"] = flag.type
+            if flag.choices is not None:
+                kw["choices"] = flag.choices
+            if flag.metavar is not None:
+                kw["metavar"] = flag.metavar
+        arguments[name] = {**kw, "help": text.replace("%", "%%")}
+    return arguments
+
+
 def register(sub) -> None:
     p = sub.add_parser("reproduce", help="train baseline and gated variants alike and report the papers' claims",
                        description="Train each variant on the same data, in the same order, for the same tokens; "
-                                   "analyse each; write report.md, plots and results.json.",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text(ReproduceConfig))
-    p.add_argument("--variants", type=_list_of(str, "--variants"), help="comma-separated presets (default baseline,gated)")
-    p.add_argument("--budget-minutes", type=float,
-                   help="wall-clock budget (default 20): time each variant's step here first and fit the steps to it")
-    p.add_argument("--steps", type=int, help="fixed training steps per run instead of a budget (--quick: 40)")
-    p.add_argument("--seeds", type=int, help="seeds per variant (default 3; --quick: 1); with 2+ the report tests seed noise")
-    p.add_argument("--data", help="prepared data directory (default: the bundled corpus, prepared once)")
-    p.add_argument("--out", help="output directory (default runs/reproduce, runs/reproduce-<study> for the other "
-                                 "studies; -quick appended with --quick)")
-    p.add_argument("--preset", help="model size preset (default small)")
-    p.add_argument("--seq-len", type=int, help="training context (default 256)")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-2)")
-    p.add_argument("--lrs", type=_list_of(float, "--lrs"), help="learning-rate ladder for --study lr")
-    p.add_argument("--ranks", type=_list_of(int, "--ranks"),
-                   help="--study rank: hyga-lowrank inner widths d_int (default 8,16,32,64)")
-    p.add_argument("--fold", action="append", metavar="DIR",
-                   help="join the lr or rank study written in DIR (its --out) to this report's claims (repeatable)")
-    p.add_argument("--dtype", choices=DTYPES,
-                   help="auto (default): bf16 autocast where the device computes bf16 natively, else fp32")
-    p.add_argument("--multiples", type=_list_of(int, "--multiples"), help="extrapolation lengths as multiples of the context (default 1,2,4,8)")
+                                   "analyse each; write report.md, plots and results.json. Each study declares its "
+                                   "own flags; a flag a study does not take is refused.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text(STUDIES["main"].config))
     p.add_argument("--study", choices=tuple(STUDIES),
                    help="; ".join(f"{s.name}: {s.help}" for s in STUDIES.values()) + " (default main)")
-    p.add_argument("--levers", type=_list_of(str, "--levers"),
-                   help="--study calibrate and calibrate-mechanism: levers to measure (default all; an unknown name "
-                        "lists them)")
-    p.add_argument("--workers", type=int, help="--study mechanism and calibrate-mechanism: runs trained at a time "
-                                                "(default 2)")
+    for name, kw in study_arguments().items():
+        p.add_argument(*(("-q", name) if name == QUIET_FLAG else (name,)), **kw)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set any field of the study's config (repeatable; "
                                                                        "the main job's keys below)")
-    p.add_argument("--no-mechanism", action="store_true",
-                   help="the main job without its mechanism part (the Bigram-Backcopy study)")
-    p.add_argument("--no-pretrained", action="store_true",
-                   help="the main job without its real-model part")
-    p.add_argument("--model", help="--study pretrained (and the main job's real-model part): the model, a .gguf file or "
-                                   "a model directory (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--first-token", help="--study pretrained: the first position, bos (the model's BOS, default), "
-                                         "none (an ordinary text token) or a token id")
     p.add_argument("--report-only", action="store_true",
                    help="write report.md and the plots again from --out's results.json (no training; the claims "
                         "judged anew)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run)

@@ -19,9 +19,13 @@ from typing import Any, ClassVar
 from gatedattn.data import TokenData
 from gatedattn.reproduce.claims import first_unstable_lr
 from gatedattn.reproduce.report import write_study_report
-from gatedattn.reproduce.runner import TextConfig, describe_recipe, plan_steps, run_apart, run_one
+from gatedattn.reproduce.registry import Flag, list_of
+from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
+from gatedattn.reproduce.text.plan import plan_steps
+from gatedattn.reproduce.text.run import describe_recipe, run_apart, run_one
 from gatedattn.infra.settings import option
 
+NAME = "lr"  # the study's name in the registry
 KEY = "lr_study"  # where the study's results sit in results.json
 CLAIMS = ("ga-stability",)
 
@@ -31,7 +35,7 @@ class LrConfig(TextConfig):
     """The learning-rate study: the natural-text recipe of :class:`TextConfig` at each
     learning rate of ``lrs`` (one seed; no analysis beyond the losses)."""
 
-    STUDY: ClassVar[str] = "lr"  # its name in the study registry
+    STUDY: ClassVar[str] = NAME
 
     out_dir: str = option("runs/reproduce-lr", help="output directory")
     lrs: tuple[float, ...] = option((1e-3, 3e-3, 1e-2, 3e-2), gt=0, help="learning-rate ladder")
@@ -86,3 +90,8 @@ def run_lr(cfg: LrConfig, command: str | None = None) -> Path:
 
 
 __all__ = ["LrConfig", "lr_section", "run_lr", "train_ladder", "write_lr_report"]
+
+FLAGS: dict[str, Flag] = {**RUN_APART_FLAGS,
+                          "--lrs": Flag("lrs", "learning-rate ladder (default "
+                                        f"{','.join(f'{x:g}' for x in LrConfig.__dataclass_fields__['lrs'].default)})",
+                                        type=list_of(float, "--lrs"))}

@@ -45,6 +45,7 @@ from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.mechanism_probe import measure
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.train import ModelRecipe, TrainConfig, train
+from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
 
 STUDY_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga-lowrank")
 GATED = ("gated", "gated-headwise", "hyga-lowrank")
@@ -526,3 +527,11 @@ def _say(msg: str) -> None:
 
 def study_meta(command: str | None, started: float) -> dict[str, Any]:
     return run_meta(command or "gatedattn reproduce --study mechanism", started)
+
+
+FLAGS: dict[str, Flag] = {
+    "--variants": Flag("variants", "", type=list_of(str, "--variants")), "--steps": Flag("steps", "", type=int),
+    "--seeds": Flag("seeds", "", type=int), "--seq-len": Flag("seq_len", "", type=int),
+    "--batch-size": Flag("micro_batch", "", type=int), "--lr": Flag("lr", "", type=float),
+    "--workers": Flag("workers", "", type=int), "--out": out_flag(), "--quiet": quiet_flag(),
+}

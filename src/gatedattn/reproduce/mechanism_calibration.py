@@ -43,6 +43,7 @@ from gatedattn.reproduce.mechanism import (
 )
 from gatedattn.infra.provenance import say
 from gatedattn.infra.settings import build, check_options, option
+from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
 
 VARIANTS = ("baseline", "gated", "sink")
 ANCHOR = ("Guo et al.'s own Bigram-Backcopy runs (1 layer, d_model 256, learned positions, LayerNorm, untied "
@@ -356,3 +357,11 @@ def _table_row(r: dict[str, Any]) -> str:
 
 def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}"
+
+
+FLAGS: dict[str, Flag] = {
+    "--levers": Flag("levers", "levers to measure (default all; an unknown name lists them)",
+                     type=list_of(str, "--levers")),
+    "--steps": Flag("steps", "", type=int), "--workers": Flag("workers", "", type=int), "--out": out_flag(),
+    "--quiet": quiet_flag(),
+}

@@ -22,9 +22,13 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.data import TokenData
 from gatedattn.reproduce.claims import REFERENCE, SWEPT, mean_rows
 from gatedattn.reproduce.report import write_study_report
-from gatedattn.reproduce.runner import TextConfig, gate_costs, plan_steps, run_apart, run_one
+from gatedattn.reproduce.registry import Flag, list_of
+from gatedattn.reproduce.text.config import FLAGS as TEXT_FLAGS, TextConfig
+from gatedattn.reproduce.text.plan import plan_steps
+from gatedattn.reproduce.text.run import gate_costs, run_apart, run_one
 from gatedattn.infra.settings import option
 
+NAME = "rank"  # the study's name in the registry
 KEY = "rank_sweep"  # where the study's results sit in results.json
 CLAIMS = ("hyga-lowrank",)
 
@@ -34,7 +38,7 @@ class RankConfig(TextConfig):
     """The rank sweep: the natural-text recipe of :class:`TextConfig` for the full-rank
     ``gated`` reference and ``hyga-lowrank`` at each inner width of ``ranks``."""
 
-    STUDY: ClassVar[str] = "rank"  # its name in the study registry
+    STUDY: ClassVar[str] = NAME
 
     variants: tuple[str, ...] = option((REFERENCE, SWEPT), choices=(REFERENCE, SWEPT),
                                        help="the reference and the swept variant (both are always trained)")
@@ -70,7 +74,7 @@ def _row(r: dict[str, Any], ref: dict[str, Any] | None) -> str:
 
 def rank_section(results: dict[str, Any], out: Path) -> list[str]:
     """The report's section on the sweep: table and plot (nothing without a sweep)."""
-    sweep = results.get("rank_sweep")
+    sweep = results.get(KEY)
     if not sweep:
         return []
     rows = mean_rows(sweep)
@@ -112,3 +116,9 @@ def write_rank_report(results: dict[str, Any], out: Path) -> Path:
 def run_rank(cfg: RankConfig, command: str | None = None) -> Path:
     """Train the sweep; write results.json and report.md; returns the report's path."""
     return run_apart(cfg, command, KEY, train_sweep, write_rank_report)
+
+
+FLAGS: dict[str, Flag] = {**TEXT_FLAGS,
+                          "--ranks": Flag("ranks", "hyga-lowrank inner widths d_int (default "
+                                          f"{','.join(map(str, RankConfig.__dataclass_fields__['ranks'].default))})",
+                                          type=list_of(int, "--ranks"))}

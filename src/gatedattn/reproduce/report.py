@@ -11,9 +11,8 @@ from gatedattn.analysis.registry import TEXT_METRICS, columns
 from gatedattn.infra.fmt import fmt_cell
 from gatedattn.infra.io import atomic_write_text
 from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM, judge_all
+from gatedattn.reproduce.registry import Section
 
-# A report section: (results, output directory) -> markdown lines; it may write plots there.
-Section = Callable[[dict, Path], list[str]]
 # A part of the main job before its natural-text part: (its results, output directory, its heading) -> lines
 Part = Callable[[dict, Path, str], list[str]]
 

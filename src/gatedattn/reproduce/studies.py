@@ -16,74 +16,21 @@ run apart and fold into the main report with ``--fold DIR``.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.reproduce.calibration import CalibrationConfig, rewrite_calibration_report, run_calibration
-from gatedattn.reproduce.lr_study import CLAIMS as LR_CLAIMS, KEY as LR_KEY, LrConfig, lr_section, run_lr, write_lr_report
-from gatedattn.reproduce.mechanism import MechanismConfig, judge_depths
-from gatedattn.reproduce.mechanism_calibration import MechCalibrationConfig, run_mechanism_calibration
+from gatedattn.reproduce import calibration, lr_study, main_job, mechanism, mechanism_calibration, rank_sweep
+from gatedattn.reproduce.main_job import MainPart, ReproduceConfig, rejudge, reproduce
 from gatedattn.reproduce.mechanism_report import mechanism_part, run_study as run_mechanism, write_mechanism_report
-from gatedattn.reproduce.rank_sweep import (
-    CLAIMS as RANK_CLAIMS, KEY as RANK_KEY, RankConfig, rank_section, run_rank, write_rank_report,
-)
-from gatedattn.reproduce.report import Section, write_report
-from gatedattn.reproduce.pretrained.config import PretrainedConfig
+from gatedattn.reproduce.pretrained import config as pretrained_config
 from gatedattn.reproduce.pretrained.report import pretrained_part
 from gatedattn.reproduce.pretrained.study import NAME as PRETRAINED, rewrite_pretrained_report, run_pretrained
-from gatedattn.reproduce.runner import (
-    MainPart, ReproduceConfig, TextConfig, rejudge, reproduce, run_mechanism_part, run_pretrained_part,
-)
-
-
-@dataclass(frozen=True)
-class Flag:
-    """What one command-line flag sets in a study's config: ``key`` (dotted) to the flag's
-    value, or to ``value`` where one is given (a switch); ``clears`` keys set to None with
-    it (a field it replaces); an ``only_flag`` key may not be given by ``--set`` either."""
-
-    key: str
-    value: Any = None
-    clears: tuple[str, ...] = ()
-    only_flag: bool = False
-    switch: bool = False
-
-
-@dataclass(frozen=True)
-class Study:
-    name: str
-    help: str
-    config: type
-    flags: Mapping[str, Flag]
-    run: Callable[[Any, str | None], Path]  # trains, writes results.json and report.md; the report's path
-    report: Callable[[dict[str, Any], Path], Path] | None = None  # report.md again from results.json
-    key: str | None = None  # where its results sit in results.json, for folding into the main job
-    section: Section | None = None  # its lines in a report it is folded into
-    claims: tuple[str, ...] = ()  # the claims (keys of CLAIMS) its results settle
-    parts: tuple[str, ...] = ()  # the registered studies it runs, in order
-    takes_sets: bool = True  # --set KEY=VALUE changes its config
-
-    def flag_names(self) -> tuple[str, ...]:
-        """Every flag the study takes (besides --study, --out, --quick and --quiet)."""
-        return (*(f for f in self.flags if f not in ALWAYS), *(("--set",) if self.takes_sets else ()),
-                *(("--report-only",) if self.report else ()))
-
-
-# the flags every natural-text study shares
-_OUT, _QUIET = "--out", "--quiet"
-ALWAYS = ("--study", _OUT, "--quick", _QUIET)
-_TEXT_FLAGS = {
-    "--budget-minutes": Flag("budget_minutes", clears=("steps",)), "--steps": Flag("steps", clears=("budget_minutes",)),
-    "--seeds": Flag("seeds"), "--data": Flag("train.data_dir", only_flag=True), "--preset": Flag("train.model.size"),
-    "--seq-len": Flag("train.seq_len"), "--batch-size": Flag("train.micro_batch"), "--lr": Flag("train.lr"),
-    "--dtype": Flag("train.dtype"), "--multiples": Flag("multiples"), _OUT: Flag("out_dir", only_flag=True),
-    _QUIET: Flag("train.progress", value=False, switch=True),
-}
-_RUN_APART = {"--variants": Flag("variants"), **_TEXT_FLAGS}
+from gatedattn.reproduce.registry import Section, Study
+from gatedattn.reproduce.report import write_report
+from gatedattn.reproduce.text import config as text_config
 
 
 def _fold_sections() -> dict[str, Section]:
@@ -93,7 +40,8 @@ def _fold_sections() -> dict[str, Section]:
 def _main_parts(cfg: ReproduceConfig | None = None) -> list[MainPart]:
     """The main job's parts before natural text, in order (those its config leaves out
     left out; with no config, every one, for writing a report again)."""
-    parts = [("mechanism", run_mechanism_part, mechanism_part), ("pretrained", run_pretrained_part, pretrained_part)]
+    parts = [("mechanism", main_job.run_mechanism_part, mechanism_part),
+             ("pretrained", main_job.run_pretrained_part, pretrained_part)]
     return [MainPart(key, functools.partial(run, getattr(cfg, key)) if cfg is not None else None, section)
             for key, run, section in parts if cfg is None or getattr(cfg, key) is not None]
 
@@ -102,7 +50,7 @@ def _run_main(cfg: ReproduceConfig, command: str | None) -> Path:
     return reproduce(cfg, command, parts=_main_parts(cfg), fold=cfg.fold, foldable=_fold_sections())
 
 
-def _run_text(cfg: TextConfig, command: str | None) -> Path:
+def _run_text(cfg: text_config.TextConfig, command: str | None) -> Path:
     return reproduce(cfg, command, foldable=_fold_sections())
 
 
@@ -112,45 +60,31 @@ def _text_report(results: dict[str, Any], out: Path) -> Path:
 
 
 def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
-    return write_mechanism_report(judge_depths(results), out)
+    return write_mechanism_report(mechanism.judge_depths(results), out)
 
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study("main", "the main job: the mechanism study, the real-model study, then natural text", ReproduceConfig,
-          {**_RUN_APART, "--fold": Flag("fold"), "--no-mechanism": Flag("mechanism", value=None, switch=True),
-           "--no-pretrained": Flag("pretrained", value=None, switch=True), "--model": Flag("pretrained.model")},
-          _run_main, report=_text_report, parts=("mechanism", PRETRAINED, "text")),
+    Study(main_job.NAME, "the main job: the mechanism study, the real-model study, then natural text",
+          ReproduceConfig, main_job.FLAGS, _run_main, report=_text_report, parts=("mechanism", PRETRAINED, "text")),
     Study(PRETRAINED, "a real pretrained LM, frozen: its attention sink and massive activations, whether the sink "
                       "is needed, and whether a learnable sink or an output gate can take its job (default: the "
-                      "bundled SmolLM2-135M-Instruct)", PretrainedConfig,
-          {"--model": Flag("model"), "--steps": Flag("steps"), "--seeds": Flag("seeds"), "--seq-len": Flag("seq_len"),
-           "--first-token": Flag("first_token"), _OUT: Flag("out_dir", only_flag=True),
-           _QUIET: Flag("progress", value=False, switch=True)},
+                      "bundled SmolLM2-135M-Instruct)", pretrained_config.PretrainedConfig, pretrained_config.FLAGS,
           run_pretrained, report=rewrite_pretrained_report),
-    Study("text", "the natural-text study alone (the main job's second part)", TextConfig, _RUN_APART, _run_text,
-          report=_text_report),
+    Study(text_config.NAME, "the natural-text study alone (the main job's second part)", text_config.TextConfig,
+          text_config.RUN_APART_FLAGS, _run_text, report=_text_report),
     Study("mechanism", "the Bigram-Backcopy mechanism study (attention sinks in one-head models, minutes on a CPU)",
-          MechanismConfig,
-          {"--variants": Flag("variants"), "--steps": Flag("steps"), "--seeds": Flag("seeds"),
-           "--seq-len": Flag("seq_len"), "--batch-size": Flag("micro_batch"), "--lr": Flag("lr"),
-           "--workers": Flag("workers"), _OUT: Flag("out_dir", only_flag=True),
-           _QUIET: Flag("progress", value=False, switch=True)},
-          run_mechanism, report=_mechanism_report),
-    Study("lr", "the learning-rate stability study", LrConfig, {**_RUN_APART, "--lrs": Flag("lrs")}, run_lr,
-          report=write_lr_report, key=LR_KEY, section=lr_section, claims=LR_CLAIMS),
-    Study("rank", "the HyGA low-rank width sweep", RankConfig, {**_TEXT_FLAGS, "--ranks": Flag("ranks")}, run_rank,
-          report=write_rank_report, key=RANK_KEY, section=rank_section, claims=RANK_CLAIMS),
+          mechanism.MechanismConfig, mechanism.FLAGS, run_mechanism, report=_mechanism_report),
+    Study(lr_study.NAME, "the learning-rate stability study", lr_study.LrConfig, lr_study.FLAGS, lr_study.run_lr,
+          report=lr_study.write_lr_report, key=lr_study.KEY, section=lr_study.lr_section, claims=lr_study.CLAIMS),
+    Study(rank_sweep.NAME, "the HyGA low-rank width sweep", rank_sweep.RankConfig, rank_sweep.FLAGS,
+          rank_sweep.run_rank, report=rank_sweep.write_rank_report, key=rank_sweep.KEY,
+          section=rank_sweep.rank_section, claims=rank_sweep.CLAIMS),
     Study("calibrate", "the natural-text sink calibration (when the baseline's first-token sink forms, per lever)",
-          CalibrationConfig,
-          {"--levers": Flag("levers"), "--budget-minutes": Flag("minutes_per_run"), "--steps": Flag("steps"),
-           "--data": Flag("data_dir"), "--set": Flag("base_sets"), _OUT: Flag("out_dir"),
-           _QUIET: Flag("progress", value=False, switch=True)},
-          run_calibration, report=rewrite_calibration_report, takes_sets=False),
+          calibration.CalibrationConfig, calibration.FLAGS, calibration.run_calibration,
+          report=calibration.rewrite_calibration_report, takes_sets=False),
     Study("calibrate-mechanism", "the mechanism recipe's calibration (which recipe grows the full Bigram-Backcopy "
-                                 "sink; the gate on every one)", MechCalibrationConfig,
-          {"--levers": Flag("levers"), "--steps": Flag("steps"), "--workers": Flag("workers"), _OUT: Flag("out_dir"),
-           _QUIET: Flag("progress", value=False, switch=True)},
-          run_mechanism_calibration, takes_sets=False),
+                                 "sink; the gate on every one)", mechanism_calibration.MechCalibrationConfig,
+          mechanism_calibration.FLAGS, mechanism_calibration.run_mechanism_calibration, takes_sets=False),
 )}
 
 STUDY_OF_CONFIG = MappingProxyType({s.config: s for s in STUDIES.values()})

@@ -7,6 +7,7 @@ from typing import Any
 
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.settings import build, check_options, option
+from gatedattn.reproduce.registry import Flag, out_flag, quiet_flag
 
 ARMS = ("sink", "gate-headwise", "gate", "control")
 FIRST_TOKENS = ("bos", "none")
@@ -104,3 +105,14 @@ def first_token_id(first_token: str) -> int | None:
         raise ConfigError(f"PretrainedConfig.first_token={first_token!r} is not allowed; choose bos, none, "
                           f"or a token id (an int >= 0)")
     return value
+
+
+FLAGS: dict[str, Flag] = {
+    "--model": Flag("model", "the model: a .gguf file or a model directory (default: the bundled "
+                             "SmolLM2-135M-Instruct)"),
+    "--steps": Flag("steps", "", type=int), "--seeds": Flag("seeds", "", type=int),
+    "--seq-len": Flag("seq_len", "", type=int),
+    "--first-token": Flag("first_token", "the first position: bos (the model's BOS, default), none (an ordinary text "
+                                         "token) or a token id"),
+    "--out": out_flag(), "--quiet": quiet_flag(),
+}

@@ -1,0 +1,193 @@
+"""The main job's composition: its config (``ReproduceConfig``: the mechanism study, the
+real-model study, then natural text), the parts run in order into one output directory,
+the studies run apart folded into its claims, the overhead timing rounds, and the claims
+judged anew for ``--report-only``."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, ClassVar, Mapping
+
+from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.infra.provenance import say
+from gatedattn.infra.settings import option
+from gatedattn.infra.timing import interleaved_times
+from gatedattn.reproduce.claims import judge_all
+from gatedattn.reproduce.mechanism import MechanismConfig, build_results as mechanism_results, judge_depths, train_runs
+from gatedattn.reproduce.pretrained.claims import judge as judge_pretrained
+from gatedattn.reproduce.pretrained.config import PretrainedConfig
+from gatedattn.reproduce.pretrained.study import pretrained_part
+from gatedattn.reproduce.registry import Flag, Section
+from gatedattn.reproduce.report import write_report
+from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
+from gatedattn.reproduce.text.plan import step_fn
+from gatedattn.reproduce.text.run import (
+    add_strongest_layer, gate_costs, start_study, step_speed, study_meta, text_part,
+)
+
+NAME = "main"  # the study's name in the registry
+
+
+def _say(msg: str) -> None:
+    say("reproduce", msg)
+
+
+@dataclass(frozen=True)
+class ReproduceConfig(TextConfig):
+    """The main job: the Bigram-Backcopy mechanism study (``mechanism``), then the
+    natural-text study (the fields of :class:`TextConfig`); ``fold`` joins the results of
+    learning-rate and rank studies run apart to its claims."""
+
+    STUDY: ClassVar[str] = NAME
+
+    out_dir: str = option("runs/reproduce", help="output directory")
+    fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
+                                            "report's claims table")
+    budget_minutes: float | None = option(15.0, gt=0, help="wall-clock budget of the natural-text part: time each "
+                                                           "variant's training step first and fit the steps to it "
+                                                           "(instead of steps)")
+    mechanism: MechanismConfig | None = field(default_factory=MechanismConfig, metadata={
+        "help": "the Bigram-Backcopy mechanism study that opens the main job (None: left out)",
+        "exclude": ("out_dir", "progress")})
+    pretrained: PretrainedConfig | None = field(default_factory=PretrainedConfig, metadata={
+        "help": "the real-model study, the main job's second part (None: left out)",
+        "exclude": ("out_dir", "progress")})
+
+    def __post_init__(self) -> None:
+        for name, kind in (("mechanism", MechanismConfig), ("pretrained", PretrainedConfig)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(f"ReproduceConfig.{name} must be a {kind.__name__} or None, "
+                                  f"got {type(value).__name__}")
+        super().__post_init__()
+
+    @classmethod
+    def _quick_fields(cls) -> dict[str, Any]:
+        return {"mechanism": MechanismConfig.quick(), "pretrained": PretrainedConfig.quick()}
+
+    @classmethod
+    def command(cls) -> str:
+        return "gatedattn reproduce"
+
+
+def reproduce(cfg: TextConfig, command: str | None = None, *, parts: Sequence[MainPart] = (),
+              fold: tuple[str, ...] = (), foldable: Mapping[str, Section] = MappingProxyType({})) -> Path:
+    """The natural-text study of ``cfg``, after the main job's other ``parts`` (each run
+    into ``out``, its results under its key), with the studies written in the
+    directories ``fold`` joined to its claims; writes ``results.json`` and ``report.md``;
+    returns the report's path. ``foldable``: the results key of each study that may be
+    folded in, with its report section (from the study registry)."""
+    started = time.time()
+    folds = read_folds(fold, tuple(foldable))
+    out, data_dir, data, results = start_study(cfg)
+    for part in parts:
+        part_started = time.time()
+        _say(f"{part.key}: starting")
+        results[part.key] = part.run(out)
+        results[part.key].setdefault("minutes", (time.time() - part_started) / 60)
+        _say(f"{part.key} done in {results[part.key]['minutes']:.1f} min")
+        atomic_write_json(out / "results.json", json_safe(results))
+    cfg, steps, step_s, cuts = text_part(cfg, data_dir, data, out, results)
+    add_strongest_layer(results)
+    fold_in(results, folds, tuple(foldable))
+    results["gate_cost"] = gate_costs(cfg, data, [*cfg.variants, "gated", "hyga-lowrank"])
+    _say("timing training steps of each variant in interleaved rounds")
+    samples = interleaved_times({v: step_fn(cfg, v, data) for v in cfg.variants}, repeats=cfg.timing_rounds,
+                                warmup=2, per_sample=3)
+    results["step_time_samples"] = samples
+    results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
+    results["step_mfu"] = {v: step_speed(cfg.train_config(v, 0, steps=1_000_000), data, t)
+                           for v, t in results["step_time"].items()}
+    results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
+                             seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
+    results["meta"] = study_meta(cfg, data, command, started)
+    results["claims"] = judge_all(results)
+    atomic_write_json(out / "results.json", json_safe(results))
+    return write_report(results, out, sections=list(foldable.values()),
+                        parts=[(p.key, p.section) for p in parts])
+
+
+def rejudge(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with every claim judged anew by the current rules: the mechanism
+    study's at each depth, the natural-text study's (for ``--report-only``)."""
+    if results.get("mechanism"):
+        judge_depths(results["mechanism"])
+    if results.get("pretrained"):
+        results["pretrained"]["claims"] = judge_pretrained(results["pretrained"])
+    if results.get("variants"):
+        results["claims"] = judge_all(results)
+    return results
+
+
+@dataclass(frozen=True)
+class MainPart:
+    """A part of the main job before natural text: its results key, ``run(out) -> results``
+    and its report writer."""
+
+    key: str
+    run: Callable[[Path], dict[str, Any]]
+    section: Callable[[dict, Path, str], list[str]]
+
+
+def run_mechanism_part(mcfg: MechanismConfig, out: Path) -> dict[str, Any]:
+    """The mechanism study as a part of the main job, in ``out/mechanism`` (its runs are
+    reused by a second call); its results, with the wall time it took."""
+    started = time.time()
+    mcfg = mcfg.replace(out_dir=str(out / "mechanism"), progress=True)
+    _say(f"the mechanism study ({len(mcfg.plan())} runs of {mcfg.steps} steps, {mcfg.workers} at a time)")
+    records = train_runs(mcfg, Path(mcfg.out_dir))
+    results = mechanism_results(mcfg, mcfg.task(), records)
+    results["minutes"] = (time.time() - started) / 60
+    return results
+
+
+def run_pretrained_part(pcfg: PretrainedConfig, out: Path) -> dict[str, Any]:
+    """The real-model study as a part of the main job, in ``out/pretrained`` (finished
+    stages are reused by a second call); its results, judged."""
+    results = pretrained_part(pcfg.replace(out_dir=str(out / "pretrained")), out / "pretrained")
+    results["claims"] = judge_pretrained(results)
+    return results
+
+
+def read_folds(dirs: tuple[str, ...], keys: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """The results of each study directory to fold in (one that holds results under one
+    of ``keys``), read and checked before anything trains."""
+    folds = []
+    for d in dirs:
+        if not (Path(d) / "results.json").is_file():
+            raise ConfigError(f"ReproduceConfig.fold: {d} has no results.json (give the --out of an lr or rank study)")
+        other = read_json_object(Path(d) / "results.json")
+        if not any(other.get(k) for k in keys):
+            raise ConfigError(f"ReproduceConfig.fold: {d}/results.json holds no {' or '.join(keys)}")
+        folds.append((d, other))
+    return folds
+
+
+def fold_in(results: dict[str, Any], folds: list[tuple[str, dict[str, Any]]], keys: tuple[str, ...]) -> None:
+    """Join the results (under ``keys``) of each folded study to ``results`` (the claims
+    table then judges them too); ``results["folded"]`` records each one's command."""
+    for d, other in folds:
+        found = [k for k in keys if other.get(k)]
+        for key in found:
+            results[key] = other[key]
+        results.setdefault("folded", []).append(
+            {"dir": str(d), "studies": found, "command": (other.get("meta") or {}).get("command"),
+             "machine": (other.get("meta") or {}).get("machine")})
+
+
+FLAGS: dict[str, Flag] = {
+    **RUN_APART_FLAGS,
+    "--fold": Flag("fold", "join the lr or rank study written in DIR (its --out) to this report's claims "
+                           "(repeatable)", repeat=True, metavar="DIR"),
+    "--no-mechanism": Flag("mechanism", "the main job without its mechanism part (the Bigram-Backcopy study)",
+                           value=None, switch=True),
+    "--no-pretrained": Flag("pretrained", "the main job without its real-model part", value=None, switch=True),
+    "--model": Flag("pretrained.model", "the real-model part's model: a .gguf file or a model directory (default: "
+                                        "the bundled SmolLM2-135M-Instruct)"),
+}
