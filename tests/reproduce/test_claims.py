@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from gatedattn.reproduce.claims import (
-    HELD, NOT_HELD, NOT_MEASURABLE, compare, judge_all, massive_shown, sink_shown, uniform_first_token_attention,
+from gatedattn.reproduce.claims import judge_all
+from gatedattn.reproduce.verdicts import (
+    HELD, NOT_HELD, NOT_MEASURABLE, compare, massive_shown, sink_shown, uniform_first_token_attention,
 )
 
 
@@ -176,7 +177,7 @@ def test_interleaved_times_alternate_the_order():
 
 
 def test_stability_reports_first_spike_and_divergence():
-    from gatedattn.reproduce.claims import first_unstable_lr
+    from gatedattn.reproduce.lr_study import first_unstable_lr
 
     runs = [{"variant": "baseline", "lr": 1e-2, "spikes": 0, "diverged": False},
             {"variant": "baseline", "lr": 3e-2, "spikes": 2, "diverged": False},

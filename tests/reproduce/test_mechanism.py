@@ -12,7 +12,7 @@ from gatedattn.data import TokenData
 from gatedattn.data.backcopy import CHAIN_LEN, FALLBACK_TEXT, BigramBackcopy
 from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.models.lm import GatedLM, ModelConfig
-from gatedattn.reproduce.claims import HELD, NOT_HELD, NOT_MEASURABLE, uniform_first_token_attention
+from gatedattn.reproduce.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, uniform_first_token_attention
 from gatedattn.reproduce.mechanism import MechanismConfig, at_layer, judge_mechanism, strongest_layer
 from gatedattn.reproduce.mechanism_probe import measure, query_classes
 

@@ -26,7 +26,7 @@ def data_dir(tmp_path_factory):
 
 def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir):
     from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
-    from gatedattn.reproduce.claims import uniform_first_token_attention
+    from gatedattn.reproduce.verdicts import uniform_first_token_attention
 
     cfg = CalibrationConfig.quick(levers=("reference", "no-qk-norm"), steps=6, data_dir=data_dir,
                                   out_dir=str(tmp_path / "cal"), progress=False, base_sets=("train.model.size=micro",))
@@ -312,7 +312,7 @@ def test_calibration_report_only_recomputes_the_uniform_level_and_says_when_the_
     from pathlib import Path
 
     from gatedattn.cli import main
-    from gatedattn.reproduce.claims import uniform_first_token_attention
+    from gatedattn.reproduce.verdicts import uniform_first_token_attention
 
     docs = Path(__file__).parents[2] / "docs"
     out = tmp_path / "cal"

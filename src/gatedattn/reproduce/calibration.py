@@ -39,7 +39,7 @@ from gatedattn.infra.io import atomic_write_json, atomic_write_text, json_safe, 
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.calibration_report import sink_score, write_calibration_report
-from gatedattn.reproduce.claims import uniform_first_token_attention
+from gatedattn.reproduce.verdicts import uniform_first_token_attention
 from gatedattn.infra.settings import apply_sets, build, check_options, option
 from gatedattn.reproduce.text.config import TextConfig
 from gatedattn.reproduce.text.plan import step_fn

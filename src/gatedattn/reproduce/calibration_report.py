@@ -7,7 +7,7 @@ from typing import Any
 
 from gatedattn.analysis.plots import plot_sink_calibration
 from gatedattn.infra.io import atomic_write_text
-from gatedattn.reproduce.claims import uniform_first_token_attention
+from gatedattn.reproduce.verdicts import uniform_first_token_attention
 
 
 def sink_score(row: dict[str, Any]) -> float:

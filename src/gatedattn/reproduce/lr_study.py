@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gatedattn import paper as P
 from gatedattn.data import TokenData
-from gatedattn.reproduce.claims import first_unstable_lr
-from gatedattn.reproduce.report import write_study_report
+from gatedattn.reproduce.study_report import write_study_report
+from gatedattn.reproduce.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, Claim, Verdict
 from gatedattn.reproduce.registry import Flag, list_of
 from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
 from gatedattn.reproduce.text.plan import plan_steps
@@ -27,7 +28,6 @@ from gatedattn.infra.settings import option
 
 NAME = "lr"  # the study's name in the registry
 KEY = "lr_study"  # where the study's results sit in results.json
-CLAIMS = ("ga-stability",)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def _run_row(r: dict[str, Any]) -> str:
 
 
 def write_lr_report(results: dict[str, Any], out: Path) -> Path:
-    return write_study_report(results, out, title="learning-rate study", key=KEY, section=lr_section, claims=CLAIMS)
+    return write_study_report(results, out, title="learning-rate study", key=KEY, section=lr_section, claims=(STABILITY,))
 
 
 def run_lr(cfg: LrConfig, command: str | None = None) -> Path:
@@ -90,6 +90,66 @@ def run_lr(cfg: LrConfig, command: str | None = None) -> Path:
 
 
 __all__ = ["LrConfig", "lr_section", "run_lr", "train_ladder", "write_lr_report"]
+
+def _lr_study_outcome(rows: list[dict]) -> tuple[list[float], list[float], dict[str, int]]:
+    """Learning rates at which baseline and gated diverged, and their loss spikes in all."""
+    def diverged_at(variant: str) -> list[float]:
+        return sorted({r["lr"] for r in rows if r["variant"] == variant and r.get("diverged")})
+
+    spikes = {v: sum(r.get("spikes", 0) for r in rows if r["variant"] == v) for v in ("baseline", "gated")}
+    return diverged_at("baseline"), diverged_at("gated"), spikes
+
+
+def first_unstable_lr(rows: list[dict], variant: str) -> dict[str, float | None]:
+    """The smallest learning rate at which ``variant`` had a loss spike, and at which it
+    diverged (None: never on this ladder)."""
+    mine = sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["lr"])
+    spike = next((r["lr"] for r in mine if r.get("spikes", 0) > 0 or r.get("diverged")), None)
+    diverged = next((r["lr"] for r in mine if r.get("diverged")), None)
+    return {"spike": spike, "diverged": diverged}
+
+
+def _lr_text(lr: float | None) -> str:
+    return "none" if lr is None else f"{lr:g}"
+
+
+def _stability(results: dict) -> Verdict:
+    study = results.get(KEY)
+    if not study:
+        return Verdict(NOT_MEASURABLE, "the learning-rate study was not run (`gatedattn reproduce --study lr`)")
+    rows = study.get("runs", [])
+    base_div, gated_div, spikes = _lr_study_outcome(rows)
+    first = {v: first_unstable_lr(rows, v) for v in ("baseline", "gated")}
+    top = max((r["lr"] for r in rows), default=None)
+    text = ("first loss spike at LR " + " vs ".join(f"{_lr_text(first[v]['spike'])} ({v})" for v in first)
+            + "; first divergence at LR " + " vs ".join(f"{_lr_text(first[v]['diverged'])} ({v})" for v in first)
+            + f"; loss spikes {spikes['baseline']} vs {spikes['gated']} over LRs up to {_lr_text(top)}")
+    if base_div and (not gated_div or min(gated_div) > min(base_div)):
+        return Verdict(HELD, text)
+    if gated_div and (not base_div or min(gated_div) < min(base_div)):
+        return Verdict(NOT_HELD, text)
+    if _clearly_fewer(spikes["gated"], spikes["baseline"]):
+        return Verdict(HELD, text + "; no divergence, clearly fewer spikes with the gate")
+    if _clearly_fewer(spikes["baseline"], spikes["gated"]):
+        return Verdict(NOT_HELD, text + "; no divergence, clearly more spikes with the gate")
+    return Verdict(NOT_MEASURABLE, text + "; neither diverged differently at these learning rates, and the spike "
+                                          f"counts differ by less than {SPIKE_FACTOR:g}x (or fewer than "
+                                          f"{MIN_SPIKES} spikes)")
+
+
+SPIKE_FACTOR = 2.0  # without divergence, spike counts decide only when one is at most half the other
+
+
+MIN_SPIKES = 3  # ... and the larger count is at least this (one or two spikes are batch noise)
+
+
+def _clearly_fewer(few: int, many: int) -> bool:
+    return many >= MIN_SPIKES and few * SPIKE_FACTOR <= many
+
+
+STABILITY = Claim("ga-stability", "Gated Attention", "Gating keeps training stable at a high learning rate",
+                  f"baseline diverges at LR {P.UNSTABLE_LR:.0e}, gated trains".replace("e-0", "e-"), _stability)
+CLAIMS = (STABILITY.key,)  # the claims its results settle
 
 FLAGS: dict[str, Flag] = {**RUN_APART_FLAGS,
                           "--lrs": Flag("lrs", "learning-rate ladder (default "

@@ -36,7 +36,7 @@ from gatedattn.data.backcopy import BigramBackcopy
 from gatedattn.infra.errors import ConfigError, Interrupted
 from gatedattn.infra.fmt import fmt_mean_std as _fmt
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.reproduce.claims import (
+from gatedattn.reproduce.verdicts import (
     HELD, NOT_HELD, NOT_MEASURABLE, Claim, Verdict, compare, compare_metrics,
     uniform_first_token_attention,
 )

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gatedattn import paper as P
 from gatedattn.analysis.plots import plot_loss_vs_cost
 from gatedattn.infra.errors import ConfigError
 from gatedattn.data import TokenData
-from gatedattn.reproduce.claims import REFERENCE, SWEPT, mean_rows
-from gatedattn.reproduce.report import write_study_report
+from gatedattn.reproduce.study_report import write_study_report
+from gatedattn.reproduce.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, Verdict, Claim, compare, summary_metric
 from gatedattn.reproduce.registry import Flag, list_of
 from gatedattn.reproduce.text.config import FLAGS as TEXT_FLAGS, TextConfig
 from gatedattn.reproduce.text.plan import plan_steps
@@ -30,7 +32,7 @@ from gatedattn.infra.settings import option
 
 NAME = "rank"  # the study's name in the registry
 KEY = "rank_sweep"  # where the study's results sit in results.json
-CLAIMS = ("hyga-lowrank",)
+SWEPT, REFERENCE = "hyga-lowrank", "gated"  # the rank sweep's swept variant and its full-rank reference
 
 
 @dataclass(frozen=True)
@@ -110,13 +112,97 @@ def train_sweep(cfg: RankConfig, data_dir: Path, data: TokenData, out: Path) -> 
 
 
 def write_rank_report(results: dict[str, Any], out: Path) -> Path:
-    return write_study_report(results, out, title="HyGA low-rank sweep", key=KEY, section=rank_section, claims=CLAIMS)
+    return write_study_report(results, out, title="HyGA low-rank sweep", key=KEY, section=rank_section, claims=(LOWRANK,))
 
 
 def run_rank(cfg: RankConfig, command: str | None = None) -> Path:
     """Train the sweep; write results.json and report.md; returns the report's path."""
     return run_apart(cfg, command, KEY, train_sweep, write_rank_report)
 
+
+
+def mean_rows(sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per sweep point: val loss averaged over seeds."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for r in sweep["rows"]:
+        key = (r["variant"], r["d_int"])
+        m = merged.setdefault(key, {**r, "losses": []})
+        m["losses"].append(r["val_loss"])
+    for m in merged.values():
+        m["val_loss"] = sum(m["losses"]) / len(m["losses"])
+    return list(merged.values())
+
+
+def lowrank_outcome(sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per d_int: gate FLOPs as a share of G1's and the val-loss difference to it."""
+    rows = mean_rows(sweep)
+    ref = next((r for r in rows if r["variant"] == REFERENCE), None)
+    if ref is None:
+        return []
+    return [{"d_int": r["d_int"], "share": r["gate_flops"] / ref["gate_flops"], "delta": r["val_loss"] - ref["val_loss"],
+             "loss": r["val_loss"], "ref_loss": ref["val_loss"], "seeds": len(r["losses"])}
+            for r in rows if r["variant"] == SWEPT]
+
+
+LOWRANK_SHARE = 0.35  # "a fraction of the G1 gate": the paper's d_int 32 costs 26 %
+
+
+def _gated_seed_losses(results: dict, sweep: dict) -> list[float]:
+    """Final val losses of `gated` over seeds at the sweep's step count: the sweep's own
+    reference runs, or the main runs' when they trained as many steps and more seeds."""
+    own = [x["val_loss"] for x in sweep["rows"] if x["variant"] == "gated"]
+    main = summary_metric(results, "gated", "val_loss")
+    same_steps = (results.get("config") or {}).get("steps") == sweep.get("steps")
+    if main and same_steps and len(main["values"]) > len(own):
+        return list(main["values"])
+    return own
+
+
+def _lowrank_sweep(results: dict, sweep: dict) -> Verdict:
+    """From the rank sweep: the cheapest d_int whose gate costs at most LOWRANK_SHARE of
+    G1's; held when its loss is no worse than gated's (within the gated runs' seed noise
+    where several seeds ran)."""
+
+    rows = lowrank_outcome(sweep)
+    if not rows:
+        return Verdict(NOT_MEASURABLE, "the rank sweep has no `gated` reference run")
+    cheap = [r for r in rows if r["share"] <= LOWRANK_SHARE and math.isfinite(r["loss"])]
+    table = "; ".join(f"d_int {r['d_int']}: {100 * r['share']:.0f} % of G1's gate FLOPs, Δ val loss {r['delta']:+.4f}"
+                      for r in rows)
+    ref_losses = _gated_seed_losses(results, sweep)
+    noise = 2 * statistics.stdev(ref_losses) if len(ref_losses) >= 2 else 0.0
+    suffix = (f"; `gated` seed noise (2σ over {len(ref_losses)} seeds) {noise:.4f}" if len(ref_losses) >= 2
+              else "; one seed, so seed noise is unknown")
+    if not cheap:
+        return Verdict(NOT_MEASURABLE, f"{table}; no d_int costs ≤ {100 * LOWRANK_SHARE:.0f} % of G1's gate" + suffix)
+    best = min(cheap, key=lambda r: r["delta"])
+    if best["delta"] <= noise:
+        return Verdict(HELD, f"{table}; d_int {best['d_int']} matches or beats G1 at {100 * best['share']:.0f} % of "
+                             f"its gate cost" + suffix)
+    return Verdict(NOT_HELD, f"{table}; every d_int at ≤ {100 * LOWRANK_SHARE:.0f} % of G1's cost loses to it" + suffix)
+
+
+def _lowrank_cost(results: dict) -> Verdict:
+    if results.get(KEY):
+        return _lowrank_sweep(results, results[KEY])
+    cost = results.get("gate_cost", {})
+    full, low = cost.get("gated"), cost.get("hyga-lowrank")
+    if not full or not low:
+        return Verdict(NOT_MEASURABLE, "gate costs were not computed")
+    share = low["gate_flops"] / full["gate_flops"]
+    text = f"gate FLOPs of hyga-lowrank (d_int 16) = {100 * share:.0f} % of G1 elementwise at this model's head size"
+    loss = compare(results, "hyga-lowrank", "gated", "val_loss", label="val loss")
+    if loss.status == NOT_MEASURABLE:
+        return Verdict(NOT_MEASURABLE, f"{text}; {loss.measured}")
+    if share > LOWRANK_SHARE:
+        return Verdict(NOT_HELD, f"{text}; {loss.measured}")
+    return Verdict(loss.status, f"{text}; {loss.measured}")
+
+
+LOWRANK = Claim("hyga-lowrank", "HyGA",
+                "Low-rank HyGA costs a fraction of the G1 gate with no loss penalty",
+          f"d_int {P.HYGA_LOWRANK[0]}: {100 * P.HYGA_LOWRANK[1]:.0f} % of gate compute, slightly better loss", _lowrank_cost)
+CLAIMS = (LOWRANK.key,)  # the claims its results settle
 
 FLAGS: dict[str, Flag] = {**TEXT_FLAGS,
                           "--ranks": Flag("ranks", "hyga-lowrank inner widths d_int (default "

@@ -10,7 +10,8 @@ from gatedattn.analysis import plots
 from gatedattn.analysis.registry import TEXT_METRICS, columns
 from gatedattn.infra.fmt import fmt_cell
 from gatedattn.infra.io import atomic_write_text
-from gatedattn.reproduce.claims import CLAIMS, MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM, judge_all
+from gatedattn.reproduce.claims import judge_all
+from gatedattn.reproduce.verdicts import MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM
 from gatedattn.reproduce.registry import Section
 
 # A part of the main job before its natural-text part: (its results, output directory, its heading) -> lines
@@ -307,20 +308,3 @@ def _extrapolation_table(results: dict) -> list[str]:
             cells = " | ".join("–" if x is None else f"{x:.3f}" for x in losses)
             lines.append(f"| `{v}` | {method} | {cells} |")
     return lines + [""] if lines else []
-
-
-def write_study_report(results: dict, out: str | Path, *, title: str, key: str, section: Section,
-                       claims: Sequence[str]) -> Path:
-    """``report.md`` of a study run on its own (the lr and rank studies): its provenance,
-    its ``section`` and the verdicts of its ``claims`` (keys of ``CLAIMS``); ``key``:
-    where its results sit in ``results``."""
-    out = Path(out)
-    meta = results["meta"]
-    cfg = results.get("config") or {}
-    lines = [f"# gatedattn {title}", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
-             f"Model: {meta['model']}, T {cfg.get('seq_len')}  ", f"Steps per run: {results[key]['steps']}", ""]
-    lines += section(results, out)
-    for claim in (c for c in CLAIMS if c.key in claims):
-        verdict = claim.judge(results)
-        lines += [f"**{claim.statement}** (paper: {claim.paper}): {verdict.status} — {verdict.measured}", ""]
-    return atomic_write_text(out / "report.md", "\n".join(lines))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gatedattn.analysis.metrics import differs_beyond_noise
-from gatedattn.reproduce.claims import (
+from gatedattn.reproduce.verdicts import (
     HELD, MASSIVE_RATIO, NOT_HELD, NOT_MEASURABLE, REDUCTION, SINK_OVER_UNIFORM, Verdict, uniform_first_token_attention,
 )
 

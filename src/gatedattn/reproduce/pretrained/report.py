@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gatedattn.infra.io import atomic_write_text
-from gatedattn.reproduce.claims import uniform_first_token_attention
+from gatedattn.reproduce.verdicts import uniform_first_token_attention
 from gatedattn.reproduce.pretrained import claims as C
 from gatedattn.reproduce.pretrained.plots import make_plots
 
