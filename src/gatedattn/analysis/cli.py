@@ -29,8 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.io import interruptible, loads_json
 from gatedattn.train.rundir import CONFIG as RUN_CONFIG
@@ -84,12 +83,6 @@ def _int_at_least(low: int):
 _positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
 
 
-def _device(name: str) -> torch.device:
-    from gatedattn.hf.cli import _device as model_device
-
-    return model_device(name)
-
-
 def _recorded_data_dir(model_dir: Path) -> tuple[Path | None, list[Path]]:
     """The data directory a training run recorded for ``model_dir``, and the files looked at.
 
@@ -131,7 +124,7 @@ def _load(args: argparse.Namespace):
 
     from gatedattn.hf.load import verify_model_dir
 
-    device = _device(args.device)
+    device = model_device(args.device)
     if not Path(args.model).is_dir():
         raise GatedAttnError(f"model directory not found: {args.model}")
     verify_model_dir(args.model)  # config, tokenizer and the manifest's other files (weights: as they are read)
@@ -232,7 +225,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         raise GatedAttnError(f"--eps {args.eps}: the sink threshold is an attention weight, in (0, 1)")
     _check_outputs(args)
     with interruptible(_STOPPED):
-        device = _device(args.device)
+        device = model_device(args.device)
         windows, first, source = _analysis_windows(args)
         model = load_any(args.model, device=device)
         result = analyze(model, windows.split(args.batch_size), layers_for_maps=args.layers, eps=args.eps,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from gatedattn.infra.device import resolve_device
+from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.integrity import CHECKSUMS, check_finite, record
 from gatedattn.infra.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, public_mode, replace_dir,
@@ -88,16 +88,7 @@ def _model_tokenizer(model: Path, tokenizer: str | Path | None, force: bool):
     return tok
 
 
-DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 TEMPERATURE_RANGE = (1e-4, 1e4)  # beyond it logits / T overflows float32 (or sampling is uniform noise)
-
-
-def _device(name: str) -> torch.device:
-    """A device that can hold a model's weights; ``meta`` and the like are refused."""
-    dev = resolve_device(name)
-    if dev.type not in DEVICE_TYPES:
-        raise GatedAttnError(f"--device {name!r}: {dev.type} devices hold no data; choose cpu, cuda[:N], mps or auto")
-    return dev
 
 
 def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | None = None, temperature: float = 0.8,
@@ -112,7 +103,7 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
     model_dir = Path(model_dir)
     if not model_dir.is_dir() and gguf_file_of(model_dir) is None:
         raise GatedAttnError(f"--model {model_dir} is not a directory or a .gguf file (no model there)")
-    dev = _device(device)
+    dev = model_device(device)
     verify_model_dir(model_dir)  # the model's own tokenizer.json is checked with the rest
     tok = _model_tokenizer(model_dir, tokenizer, force)
     model = load_model(model_dir, device=dev)

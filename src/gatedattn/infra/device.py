@@ -23,3 +23,14 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
     return device
+
+
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+def model_device(name: str) -> torch.device:
+    """A device that can hold a model's weights; ``meta`` and the like are refused."""
+    dev = resolve_device(name)
+    if dev.type not in DEVICE_TYPES:
+        raise GatedAttnError(f"--device {name!r}: {dev.type} devices hold no data; choose cpu, cuda[:N], mps or auto")
+    return dev

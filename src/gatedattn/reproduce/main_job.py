@@ -19,10 +19,8 @@ from gatedattn.infra.provenance import say
 from gatedattn.infra.settings import option
 from gatedattn.infra.timing import interleaved_times
 from gatedattn.reproduce.claims import judge_all
-from gatedattn.reproduce.mechanism import MechanismConfig, build_results as mechanism_results, judge_depths, train_runs
-from gatedattn.reproduce.pretrained.claims import judge as judge_pretrained
+from gatedattn.reproduce.mechanism import MechanismConfig
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
-from gatedattn.reproduce.pretrained.study import pretrained_part
 from gatedattn.reproduce.registry import Flag, Section
 from gatedattn.reproduce.report import write_report
 from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
@@ -113,13 +111,12 @@ def reproduce(cfg: TextConfig, command: str | None = None, *, parts: Sequence[Ma
                         parts=[(p.key, p.section) for p in parts])
 
 
-def rejudge(results: dict[str, Any]) -> dict[str, Any]:
-    """``results`` with every claim judged anew by the current rules: the mechanism
-    study's at each depth, the natural-text study's (for ``--report-only``)."""
-    if results.get("mechanism"):
-        judge_depths(results["mechanism"])
-    if results.get("pretrained"):
-        results["pretrained"]["claims"] = judge_pretrained(results["pretrained"])
+def rejudge(results: dict[str, Any], parts: Sequence[MainPart] = ()) -> dict[str, Any]:
+    """``results`` with every claim judged anew by the current rules: each part's (those
+    present), then the natural-text study's (for ``--report-only``)."""
+    for part in parts:
+        if results.get(part.key):
+            part.judge(results[part.key])
     if results.get("variants"):
         results["claims"] = judge_all(results)
     return results
@@ -127,32 +124,15 @@ def rejudge(results: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class MainPart:
-    """A part of the main job before natural text: its results key, ``run(out) -> results``
-    and its report writer."""
+    """A part of the main job before natural text, declared by its study: its results key,
+    ``run(out) -> results`` (None where only its report is written again), its report
+    section ``section(results, out, heading) -> lines`` and ``judge(results)``, which judges
+    its claims anew in place."""
 
     key: str
-    run: Callable[[Path], dict[str, Any]]
+    run: Callable[[Path], dict[str, Any]] | None
     section: Callable[[dict, Path, str], list[str]]
-
-
-def run_mechanism_part(mcfg: MechanismConfig, out: Path) -> dict[str, Any]:
-    """The mechanism study as a part of the main job, in ``out/mechanism`` (its runs are
-    reused by a second call); its results, with the wall time it took."""
-    started = time.time()
-    mcfg = mcfg.replace(out_dir=str(out / "mechanism"), progress=True)
-    _say(f"the mechanism study ({len(mcfg.plan())} runs of {mcfg.steps} steps, {mcfg.workers} at a time)")
-    records = train_runs(mcfg, Path(mcfg.out_dir))
-    results = mechanism_results(mcfg, mcfg.task(), records)
-    results["minutes"] = (time.time() - started) / 60
-    return results
-
-
-def run_pretrained_part(pcfg: PretrainedConfig, out: Path) -> dict[str, Any]:
-    """The real-model study as a part of the main job, in ``out/pretrained`` (finished
-    stages are reused by a second call); its results, judged."""
-    results = pretrained_part(pcfg.replace(out_dir=str(out / "pretrained")), out / "pretrained")
-    results["claims"] = judge_pretrained(results)
-    return results
+    judge: Callable[[dict[str, Any]], Any]
 
 
 def read_folds(dirs: tuple[str, ...], keys: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:

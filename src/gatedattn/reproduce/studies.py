@@ -24,9 +24,11 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce import calibration, lr_study, main_job, mechanism, mechanism_calibration, rank_sweep
 from gatedattn.reproduce.main_job import MainPart, ReproduceConfig, rejudge, reproduce
+from gatedattn.reproduce import mechanism_report
 from gatedattn.reproduce.mechanism_report import mechanism_part, run_study as run_mechanism, write_mechanism_report
 from gatedattn.reproduce.pretrained import config as pretrained_config
 from gatedattn.reproduce.pretrained.report import pretrained_part
+from gatedattn.reproduce.pretrained import study as pretrained_study
 from gatedattn.reproduce.pretrained.study import NAME as PRETRAINED, rewrite_pretrained_report, run_pretrained
 from gatedattn.reproduce.registry import Section, Study
 from gatedattn.reproduce.report import write_report
@@ -40,10 +42,10 @@ def _fold_sections() -> dict[str, Section]:
 def _main_parts(cfg: ReproduceConfig | None = None) -> list[MainPart]:
     """The main job's parts before natural text, in order (those its config leaves out
     left out; with no config, every one, for writing a report again)."""
-    parts = [("mechanism", main_job.run_mechanism_part, mechanism_part),
-             ("pretrained", main_job.run_pretrained_part, pretrained_part)]
-    return [MainPart(key, functools.partial(run, getattr(cfg, key)) if cfg is not None else None, section)
-            for key, run, section in parts if cfg is None or getattr(cfg, key) is not None]
+    parts = [("mechanism", mechanism_report.run_part, mechanism_part, mechanism.judge_depths),
+             ("pretrained", pretrained_study.run_part, pretrained_part, pretrained_study.judge_part)]
+    return [MainPart(key, functools.partial(run, getattr(cfg, key)) if cfg is not None else None, section, judge)
+            for key, run, section, judge in parts if cfg is None or getattr(cfg, key) is not None]
 
 
 def _run_main(cfg: ReproduceConfig, command: str | None) -> Path:
@@ -55,7 +57,7 @@ def _run_text(cfg: text_config.TextConfig, command: str | None) -> Path:
 
 
 def _text_report(results: dict[str, Any], out: Path) -> Path:
-    return write_report(rejudge(results), out, sections=list(_fold_sections().values()),
+    return write_report(rejudge(results, _main_parts()), out, sections=list(_fold_sections().values()),
                         parts=[(p.key, p.section) for p in _main_parts()])
 
 

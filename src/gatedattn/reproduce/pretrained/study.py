@@ -364,8 +364,7 @@ def run_pretrained(cfg: PretrainedConfig, command: str | None = None) -> Path:
     ``report.md`` in ``cfg.out_dir``; returns the report's path."""
     started = time.time()
     out = Path(cfg.out_dir)
-    part = pretrained_part(cfg, out)
-    part["claims"] = claims.judge(part)
+    part = judge_part(pretrained_part(cfg, out))
     results = {"study": NAME, NAME: part, "meta": run_meta(command or f"gatedattn reproduce --study {NAME}", started)}
     atomic_write_json(out / "results.json", json_safe(results))
     return write_pretrained_report(results, out)
@@ -373,5 +372,17 @@ def run_pretrained(cfg: PretrainedConfig, command: str | None = None) -> Path:
 
 def rewrite_pretrained_report(results: dict[str, Any], out: Path) -> Path:
     """``--report-only``: the claims judged anew, the report and plots written again."""
-    results[NAME]["claims"] = claims.judge(results[NAME])
+    judge_part(results[NAME])
     return write_pretrained_report(results, out)
+
+
+def judge_part(part: dict[str, Any]) -> dict[str, Any]:
+    """The study's results with its claims judged (anew) by the current rules."""
+    part["claims"] = claims.judge(part)
+    return part
+
+
+def run_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
+    """The study as a part of the main job, in ``out/pretrained`` (finished stages are
+    reused by a second call); its results, judged."""
+    return judge_part(pretrained_part(cfg.replace(out_dir=str(out / NAME)), out / NAME))

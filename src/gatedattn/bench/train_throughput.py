@@ -1,6 +1,6 @@
 """Training throughput on this machine: tokens/s of forward + backward + optimizer step.
 
-    PYTHONPATH=src python3 benchmarks/train_throughput.py [--presets tiny,small]
+    python -m gatedattn.bench.train_throughput [--presets tiny,small]
         [--variants baseline,gated] [--dtypes fp32,bf16] [--seq-len 256] [--batch 16]
         [--warmup 2] [--steps 5] [--vocab 4096] [--optimizer adamw] [--json]
 

@@ -6,7 +6,7 @@ distributed pseudo-words, row groups of --row-group rows), then runs
 resident memory next to the input size. Run it at two sizes to see that the peak does
 not grow with the input:
 
-    python benchmarks/prepare_parquet_memory.py --mb 100 400
+    python -m gatedattn.bench.prepare_memory --mb 100 400
 
 Everything is written under --work (default: a temporary directory, removed at the end).
 """
@@ -28,7 +28,7 @@ import numpy as np
 CHILD = "import sys; from gatedattn.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def write_parquet(path: Path, mb: int, row_group: int, seed: int = 0) -> tuple[int, int]:
+def write_parquet(path: Path, mb: float, row_group: int, seed: int = 0) -> tuple[int, int]:
     """About ``mb`` MB of text in ``path``; returns (documents, text bytes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -38,7 +38,7 @@ def write_parquet(path: Path, mb: int, row_group: int, seed: int = 0) -> tuple[i
     vocab = np.array(["".join(rng.choice(letters, size=rng.integers(2, 9))) for _ in range(5000)])
     p = 1.0 / np.arange(1, len(vocab) + 1)
     p /= p.sum()
-    target, written, docs = mb * 1_000_000, 0, 0
+    target, written, docs = int(mb * 1_000_000), 0, 0
     schema = pa.schema([("id", pa.int64()), ("text", pa.string())])
     with pq.ParquetWriter(path, schema) as writer:
         while written < target:
@@ -52,12 +52,12 @@ def write_parquet(path: Path, mb: int, row_group: int, seed: int = 0) -> tuple[i
     return docs, written
 
 
-def run(mb: int, work: Path, vocab_size: int, row_group: int) -> dict:
-    src = work / f"corpus_{mb}mb.parquet"
+def run(mb: float, work: Path, vocab_size: int, row_group: int) -> dict:
+    src = work / f"corpus_{mb:g}mb.parquet"
     t0 = time.perf_counter()
     docs, text_bytes = write_parquet(src, mb, row_group)
     made = time.perf_counter() - t0
-    out = work / f"prepared_{mb}mb"
+    out = work / f"prepared_{mb:g}mb"
     argv = ["data", "prepare", "--input", str(src), "--out", str(out), "--vocab-size", str(vocab_size), "--force"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
@@ -77,13 +77,13 @@ def run(mb: int, work: Path, vocab_size: int, row_group: int) -> dict:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=int, nargs="+", default=[400], help="input text sizes in MB (default 400)")
+    parser.add_argument("--mb", type=float, nargs="+", default=[400], help="input text sizes in MB (default 400)")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--row-group", type=int, default=2000, help="rows per Parquet row group (default 2000)")
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="gatedattn-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
