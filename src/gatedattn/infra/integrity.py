@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
@@ -223,13 +224,20 @@ def atomic_model_dir(target: str | os.PathLike) -> Iterator[Path]:
             _carry_over(target, tmp)
 
 
+# a model's weights, one file or shards with their index: always written anew, never carried over
+# (a model saved sharded over a single-file one, or the other way round, keeps no stale weights)
+_WEIGHT_FILES = re.compile(r"model\.safetensors(\.index\.json)?|model-\d+-of-\d+\.safetensors")
+
+
 def _carry_over(old: Path, new: Path) -> None:
-    """Copy the entries of ``old`` that ``new`` lacks into ``new``; merge the manifests."""
+    """Copy the entries of ``old`` that ``new`` lacks (other than weights) into ``new``;
+    merge the manifests."""
     old_entries = _manifest(old)
     new_entries = _manifest(new)
     kept = {}
     for p in old.iterdir():
-        if p.name == CHECKSUMS or (new / p.name).exists() or p.name.startswith(".gatedattn"):
+        if p.name == CHECKSUMS or (new / p.name).exists() or p.name.startswith(".gatedattn") \
+                or _WEIGHT_FILES.fullmatch(p.name):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.copytree(p, new / p.name, symlinks=True)

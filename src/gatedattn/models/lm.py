@@ -30,11 +30,12 @@ from gatedattn.layers.cache import KVCache
 from gatedattn.layers.config import AttentionConfig, RopeConfig
 from gatedattn.infra.errors import ConfigError, GatedAttnError, check_types
 from gatedattn.layers.gates import Gate
-from gatedattn.infra.integrity import atomic_model_dir, atomic_save_safetensors, record as record_checksum, verify_file
+from gatedattn.infra.integrity import atomic_model_dir, record as record_checksum, verify_file
 from gatedattn.infra.io import atomic_write_json, read_json_object
 from gatedattn.layers.norm import RMSNorm
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.layers.variants import get_variant
+from gatedattn.models.shards import read_weights, write_weights
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -405,13 +406,15 @@ class GatedLM(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, directory: str | Path,
-                        extra: Callable[[Path], dict[str, Any]] | None = None) -> Path:
+                        extra: Callable[[Path], dict[str, Any]] | None = None,
+                        max_shard_bytes: int | None = None) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (no pickle) into a directory written
         beside ``directory`` and renamed into place, so an existing model there survives any
         failure whole (its other files, e.g. a tokenizer, are carried over).
         ``extra(tmp)``, if given, writes more files into that directory before it is renamed
         and returns entries for ``config.json`` (``gatedattn.hf.save_self_contained`` writes
-        the modelling code and its ``auto_map`` this way)."""
+        the modelling code and its ``auto_map`` this way). Weights larger than
+        ``max_shard_bytes`` are written as shards with an index (``models.shards``)."""
         directory = Path(directory)
         state = self.state_dict()
         if self.cfg.tie_embeddings:
@@ -420,7 +423,7 @@ class GatedLM(nn.Module):
         with atomic_model_dir(directory) as tmp:  # an existing model survives any failure whole
             if extra is not None:
                 config.update(extra(tmp))
-            atomic_save_safetensors(tmp / WEIGHTS_FILE, state, metadata={"format": "pt"})
+            write_weights(tmp, state, max_shard_bytes)
             record_checksum(atomic_write_json(tmp / CONFIG_FILE, config))
         return directory
 
@@ -431,7 +434,7 @@ class GatedLM(nn.Module):
         directory = Path(directory)
         cfg = load_model_config(directory)
         model = cls(cfg)
-        state = read_safetensors(directory / WEIGHTS_FILE, map_location)
+        state = read_weights(directory, map_location)
         expected = model.state_dict()
         if cfg.tie_embeddings:
             expected.pop("lm_head.weight")
