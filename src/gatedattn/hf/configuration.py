@@ -13,8 +13,49 @@ import typing
 from typing import Any
 
 from transformers import PreTrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from gatedattn.infra.errors import ConfigError
+from gatedattn.layers.config import AttentionConfig
 from gatedattn.models.lm import MODEL_TYPE, ModelConfig
+
+# transformers' name -> ModelConfig field
+STANDARD_ALIASES = {
+    "num_hidden_layers": "n_layers", "intermediate_size": "ffn_dim", "max_position_embeddings": "max_seq_len",
+    "tie_word_embeddings": "tie_embeddings", "rms_norm_eps": "norm_eps",
+}
+# transformers' name -> path of the value inside the ``attention`` dict
+ATTENTION_NAMES = {
+    "hidden_size": ("d_model",), "num_attention_heads": ("n_heads",), "num_key_value_heads": ("n_kv_heads",),
+    "head_dim": ("head_dim",), "rope_theta": ("rope", "theta"),
+}
+
+
+def _attention_property(name: str, path: tuple[str, ...]) -> property:
+    """``config.<name>`` read from, and written into, ``config.attention`` at ``path``."""
+
+    def get(self):
+        value = self.attention
+        for key in path:
+            value = value[key] if isinstance(value, dict) else None
+        return value
+
+    def set_(self, value):
+        if not isinstance(self.attention, dict):
+            raise ConfigError(f"GatedAttnHFConfig.{name} is attention.{'.'.join(path)}; the config has no attention dict")
+        changed = {**self.attention}
+        inner = changed
+        for key in path[:-1]:
+            inner[key] = dict(inner[key])
+            inner = inner[key]
+        inner[path[-1]] = value
+        try:
+            checked = AttentionConfig.from_dict(changed)
+        except ConfigError as e:
+            raise ConfigError(f"GatedAttnHFConfig.{name}={value!r} (attention.{'.'.join(path)}): {e}") from None
+        self.attention = dataclasses.asdict(checked)
+
+    return property(get, set_, doc=f"transformers' name for attention.{'.'.join(path)}")
 
 
 class _ModelConfigBridge:
@@ -33,7 +74,7 @@ class _ModelConfigBridge:
 def _hf_config_namespace() -> dict[str, Any]:
     """Class body of ``GatedAttnHFConfig``: one field per ``ModelConfig`` field (same name
     and default; ``attention`` as its dict; fields without a default default to None),
-    plus ``pad_token_id``."""
+    plus ``pad_token_id``, ``use_cache`` and transformers' standard names."""
     hints = typing.get_type_hints(ModelConfig)
     annotations: dict[str, Any] = {}
     ns: dict[str, Any] = {
@@ -41,8 +82,9 @@ def _hf_config_namespace() -> dict[str, Any]:
         "__doc__": "``ModelConfig`` as a transformers config; ``attention`` is the AttentionConfig dict.",
         "model_type": MODEL_TYPE,
         # transformers-wide names that tools (lm-eval: the context it truncates to) read
-        "attribute_map": {"num_hidden_layers": "n_layers", "max_position_embeddings": "max_seq_len"},
+        "attribute_map": dict(STANDARD_ALIASES),
         "__annotations__": annotations,
+        **{name: _attention_property(name, path) for name, path in ATTENTION_NAMES.items()},
     }
     for f in dataclasses.fields(ModelConfig):
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -51,10 +93,16 @@ def _hf_config_namespace() -> dict[str, Any]:
         ns[f.name] = None if required else f.default
     annotations["pad_token_id"] = int | None
     ns["pad_token_id"] = None
+    annotations["use_cache"] = bool
+    ns["use_cache"] = True
     return ns
 
 
 GatedAttnHFConfig = type("GatedAttnHFConfig", (_ModelConfigBridge, PreTrainedConfig), _hf_config_namespace())
+
+# the model type is a causal LM (what tools such as lm-eval read to pick their causal-LM path),
+# also where this module is a self-contained copy that nothing registers with the Auto classes
+MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(MODEL_TYPE, "GatedAttnForCausalLM")
 
 
 if __name__ == "gatedattn.hf.configuration":  # imported from the package (not as a self-contained copy):
