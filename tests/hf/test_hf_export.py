@@ -119,7 +119,7 @@ def test_auto_load_is_strict_and_refuses_custom_masks(tmp_path):
     model.save_pretrained(tmp_path / "m")
     wrapped = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
     ids = torch.randint(0, V, (2, 4))
-    with pytest.raises(GatedAttnError, match="2-D attention_mask .* got a 4-D one"):
+    with pytest.raises(GatedAttnError, match="2-D attention_mask .* 4-D mask holds other values: custom"):
         wrapped(ids, attention_mask=torch.ones(2, 1, 4, 4))
     state = load_file(tmp_path / "m" / "model.safetensors")
     state.pop("blocks.1.attn.gate.x.proj.weight")

@@ -3,6 +3,7 @@ its log-likelihoods are the model's own. Needs the ``eval`` extra (skipped witho
 
 import importlib.util
 import json
+import logging
 
 import pytest
 import torch
@@ -42,7 +43,8 @@ def _tokenizer():
 
 
 @pytest.mark.slow
-def test_lm_eval_loglikelihoods_are_the_models(tmp_path, monkeypatch):
+def test_lm_eval_loglikelihoods_are_the_models(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="lm_eval")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # local files only: nothing is fetched
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # (read when datasets is first imported, just below)
     from lm_eval import simple_evaluate
@@ -71,6 +73,9 @@ def test_lm_eval_loglikelihoods_are_the_models(tmp_path, monkeypatch):
                               log_samples=True, task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
     samples = results["samples"]["toy_mc"]
     assert len(samples) == len(docs)
+    messages = [r.getMessage() for r in caplog.records]
+    assert "Using model type 'causal'" in messages  # the model type is registered as a causal LM
+    assert not [m for m in messages if "neither marked" in m]
 
     def loglikelihood(context: str, continuation: str) -> float:
         ctx = tok(context)["input_ids"]

@@ -7,36 +7,50 @@ variant, and ``.generate()`` works on the result.
 
 ``GatedAttnForCausalLM`` is a ``PreTrainedModel`` + ``GenerationMixin`` holding a
 ``GatedLM`` as ``self.model``. Loading goes through ``GatedLM.from_pretrained`` (so a
-missing or mis-shaped tensor is an error, never a randomly initialised one), saving
-through ``GatedLM.save_pretrained`` (the directory stays in gatedattn format).
-Generation uses transformers' ``DynamicCache``: each layer's keys and values go
+missing or mis-shaped tensor is an error, never a randomly initialised one), with
+keyword arguments overriding the config as in transformers; saving goes through
+``GatedLM.save_pretrained`` (the directory stays in gatedattn format) and writes the
+modelling code, ``auto_map`` and ``generation_config.json`` beside the weights.
+Generation uses transformers' caches (dynamic or static): each layer's keys and values go
 through a small adapter that gives it the ``KVCache`` interface ``Attention`` expects.
 
 The wrapper follows ``LlamaForCausalLM``'s conventions: a 2-D ``attention_mask`` (1 =
-token, 0 = padding, left or right; padded keys get zero attention), ``position_ids``
+token, 0 = padding, left or right; padded keys get zero attention) or the 4-D
+causal-plus-padding mask transformers builds for a static cache, ``position_ids``
 (default ``cumsum(attention_mask) - 1``), ``inputs_embeds``, ``labels`` with -100 for
-ignored positions (transformers' causal-LM loss, ``num_items_in_batch`` included), the
-embedding accessors and ``resize_token_embeddings``, activation checkpointing
-(``activation_checkpointing_enable(every_n_layers=n)``). A 4-D custom mask is refused.
+ignored positions (transformers' causal-LM loss, ``num_items_in_batch`` included),
+``output_hidden_states`` / ``output_attentions`` (``gatedattn.hf.outputs``),
+``return_dict=False``, the embedding accessors and ``resize_token_embeddings``,
+activation checkpointing (``activation_checkpointing_enable(every_n_layers=n)``). Any
+other 4-D mask is refused.
 
 This module imports transformers (seconds); ``gatedattn.hf`` imports it on first use.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import (AutoConfig, AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedConfig,
+                          PreTrainedModel)
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import GENERATION_CONFIG_NAME
 
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.hf.bundle import write_code
 from gatedattn.hf.configuration import GatedAttnHFConfig
-from gatedattn.models.lm import MODEL_TYPE, GatedLM
+from gatedattn.hf.masks import WHAT, padding_mask_of
+from gatedattn.hf.outputs import recording
+from gatedattn.models.lm import MODEL_TYPE, GatedLM, check_state_dict
+from gatedattn.models.shards import parse_size
 
 __all__ = ["GatedAttnForCausalLM", "GatedAttnHFConfig", "register_auto"]
 
@@ -46,6 +60,26 @@ _IGNORED_LOAD_ARGS = frozenset({
     "low_cpu_mem_usage", "use_safetensors", "local_files_only", "cache_dir", "revision", "token",
     "force_download", "proxies", "code_revision", "adapter_kwargs",
 })
+# save_pretrained arguments that change nothing for a local gatedattn directory
+_IGNORED_SAVE_ARGS = frozenset({"save_function", "token", "save_peft_format", "save_original_format",
+                                "distributed_checkpoint"})
+
+
+def _config_attribute(config: GatedAttnHFConfig, key: str) -> bool:
+    """Whether ``key`` names a field, alias or property of the config (what a keyword may override)."""
+    return (key in {f.name for f in dataclasses.fields(config)} or key in config.attribute_map
+            or isinstance(getattr(type(config), key, None), property))
+
+
+def _with_config(lm: GatedLM, cfg, source: Path) -> GatedLM:
+    """``lm``'s weights in a model built from ``cfg`` (same tensors and shapes, or an error naming one)."""
+    if cfg.tie_embeddings != lm.cfg.tie_embeddings:
+        raise GatedAttnError(f"{source}: tie_word_embeddings (tie_embeddings) cannot be overridden at load; "
+                             f"the saved weights are {'' if lm.cfg.tie_embeddings else 'un'}tied")
+    model = GatedLM(cfg)
+    check_state_dict(lm.state_dict(), model.state_dict(), f"{source} (with the config overrides)")
+    model.load_state_dict(lm.state_dict())
+    return model
 
 
 class _LayerCache:
@@ -56,14 +90,17 @@ class _LayerCache:
 
     @property
     def length(self) -> int:
-        return self.cache.get_seq_length(self.layer_idx)
+        return int(self.cache.get_seq_length(self.layer_idx))
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cache.update(k, v, self.layer_idx)
+        """Keys and values (B, H, past + T, D): a static cache's buffers cut to the positions written."""
+        end = self.length + k.shape[2]
+        keys, values = self.cache.update(k, v, self.layer_idx)
+        return keys[:, :, :end], values[:, :, :end]
 
     def update_latent(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """MLA: latent (B, T, r) and shared RoPE key (B, T, 1, d) stored as one-head keys and values."""
-        latent_all, k_rope_all = self.cache.update(latent[:, None], k_rope.transpose(1, 2), self.layer_idx)
+        latent_all, k_rope_all = self.update(latent[:, None], k_rope.transpose(1, 2))
         return latent_all[:, 0], k_rope_all.transpose(1, 2)
 
 
@@ -95,6 +132,7 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: GatedAttnHFConfig, model: GatedLM | None = None):
         super().__init__(config)
         self.model = model if model is not None else GatedLM(config.to_model_config())
+        self._warned_attentions = False
         self.post_init()
 
     def _init_weights(self, module) -> None:  # GatedLM initialises itself
@@ -134,19 +172,38 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, dtype=None,
                         torch_dtype=None, device_map=None, subfolder: str = "", **kwargs):
-        """Load a local gatedattn directory (strictly, through ``GatedLM.from_pretrained``)."""
+        """Load a local gatedattn directory (strictly, through ``GatedLM.from_pretrained``).
+
+        As in transformers, ``config`` replaces the saved config and the other keywords
+        that name config attributes override it (``use_cache=False``,
+        ``output_hidden_states=True``, ``max_position_embeddings=...``); the weights must
+        then fit the config (a mismatch names the tensor). Any other keyword is refused."""
         if model_args:
             raise GatedAttnError("GatedAttnForCausalLM.from_pretrained takes no extra positional arguments")
         # (an argument left at None asks for nothing: evaluation harnesses pass gguf_file=None and the like)
-        unknown = sorted(k for k, v in kwargs.items() if k not in _IGNORED_LOAD_ARGS and v is not None)
-        if unknown:
-            raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: argument {unknown[0]!r} is not supported")
+        overrides = {k: v for k, v in kwargs.items() if k not in _IGNORED_LOAD_ARGS and v is not None}
         path = Path(pretrained_model_name_or_path) / subfolder
         if not path.is_dir():
             raise GatedAttnError(f"{path} is not a local directory; gatedattn models load from local directories")
         lm = GatedLM.from_pretrained(path)
-        if isinstance(config, GatedAttnHFConfig) and config.to_model_config() != lm.cfg:
-            raise GatedAttnError(f"{path}: the config passed to from_pretrained differs from the saved config.json")
+        if config is None:
+            hf_config = GatedAttnHFConfig.from_model_config(lm.cfg)
+        elif isinstance(config, GatedAttnHFConfig):
+            hf_config = copy.deepcopy(config)
+        elif getattr(config, "model_type", None) == MODEL_TYPE and isinstance(config, PreTrainedConfig):
+            # the same class from another copy of the modelling code (transformers loads remote code per file)
+            hf_config = GatedAttnHFConfig.from_dict(config.to_dict())
+        else:
+            raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: config must be a GatedAttnHFConfig, "
+                                 f"got {type(config).__name__}")
+        for key, value in overrides.items():
+            if not _config_attribute(hf_config, key):
+                raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: argument {key!r} is not supported "
+                                     f"(neither a loading option nor a GatedAttnHFConfig attribute)")
+            setattr(hf_config, key, value)
+        wanted = hf_config.to_model_config()
+        if wanted != lm.cfg:
+            lm = _with_config(lm, wanted, path)
         dtype = dtype if dtype is not None else torch_dtype
         if isinstance(dtype, str) and dtype != "auto":
             dtype = getattr(torch, dtype)
@@ -154,38 +211,106 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
             lm = lm.to(dtype)
         if device_map is not None:
             lm = lm.to(_one_device(device_map))
-        model = cls(GatedAttnHFConfig.from_model_config(lm.cfg), model=lm)
+        hf_config.name_or_path = str(pretrained_model_name_or_path)
+        model = cls(hf_config, model=lm)
+        if (path / GENERATION_CONFIG_NAME).is_file():
+            model.generation_config = GenerationConfig.from_pretrained(path)
         model.eval()
         return model
 
-    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs) -> None:
-        """Write gatedattn's format (``config.json`` + ``model.safetensors``) of the model's
-        own weights (a ``state_dict`` argument holds the same tensors and is not read)."""
-        if is_main_process:
-            self.model.save_pretrained(save_directory)
+    def save_pretrained(self, save_directory, is_main_process: bool = True, state_dict=None,
+                        max_shard_size: int | str | None = None, self_contained: bool = True,
+                        safe_serialization: bool = True, push_to_hub: bool = False, variant: str | None = None,
+                        **kwargs) -> None:
+        """Write gatedattn's format (``config.json``, ``model.safetensors`` or shards of at
+        most ``max_shard_size`` with their index, ``generation_config.json``) of the
+        model's own weights (a ``state_dict`` argument, as ``Trainer`` passes it, holds the
+        same tensors and is not read). With ``self_contained`` (the default) the modelling
+        code and ``auto_map`` are written too, so the directory loads with
+        ``trust_remote_code=True`` where gatedattn is not installed -- also when this model
+        was itself loaded that way."""
+        unknown = sorted(k for k in kwargs if k not in _IGNORED_SAVE_ARGS)
+        if unknown:
+            raise GatedAttnError(f"GatedAttnForCausalLM.save_pretrained: argument {unknown[0]!r} is not supported")
+        if push_to_hub:
+            raise GatedAttnError("GatedAttnForCausalLM.save_pretrained: push_to_hub is not supported; "
+                                 "the model saves to a local directory")
+        if not safe_serialization or variant is not None:
+            raise GatedAttnError("GatedAttnForCausalLM.save_pretrained writes safetensors without a variant "
+                                 f"(safe_serialization=True, variant=None), got safe_serialization="
+                                 f"{safe_serialization!r}, variant={variant!r}")
+        shard_bytes = parse_size(max_shard_size, "max_shard_size") if max_shard_size is not None else None
+        if not is_main_process:
+            return
+
+        def extra(tmp: Path) -> dict[str, Any]:
+            if self.can_generate() and self.generation_config is not None:
+                self.generation_config.save_pretrained(tmp)
+            return {"auto_map": write_code(tmp)} if self_contained else {}
+
+        self.model.save_pretrained(save_directory, extra=extra, max_shard_bytes=shard_bytes)
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Cache | None = None,
                 past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, use_cache: bool | None = None,
-                logits_to_keep: int = 0, return_dict: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
-        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2):
-            what = f"{attention_mask.dim()}-D" if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-            raise GatedAttnError(f"GatedAttnForCausalLM takes a 2-D attention_mask (batch, past + new tokens; "
-                                 f"1 = token, 0 = padding), got a {what} one: custom masks are not supported")
+                output_attentions: bool | None = None, output_hidden_states: bool | list[int] | int | None = None,
+                logits_to_keep: int = 0, return_dict: bool | None = None,
+                **kwargs: Any) -> CausalLMOutputWithPast | tuple:
         cache = cache if cache is not None else past_key_values
+        use_cache = self.config.use_cache if use_cache is None else use_cache
         if cache is None and use_cache and not (self.training and self.model.checkpoint_every):
             cache = DynamicCache()
         caches = [_LayerCache(cache, i) for i in range(len(self.model.blocks))] if cache is not None else None
-        logits = self.model(input_ids, positions=position_ids, caches=caches, attention_mask=attention_mask,
-                            inputs_embeds=inputs_embeds)
+        attention_mask = self._padding_mask(attention_mask, input_ids, inputs_embeds, caches)
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        selected = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        if output_attentions:
+            self._warn_reference_attentions()
+        with recording(self.model, hidden_states=selected is not False and selected is not None,
+                       attentions=bool(output_attentions)) as recorded:
+            logits = self.model(input_ids, positions=position_ids, caches=caches, attention_mask=attention_mask,
+                                inputs_embeds=inputs_embeds)
         loss = None
         if labels is not None:
             loss = ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=kwargs.get("num_items_in_batch"))
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache,
+                                     hidden_states=_select(recorded.hidden_states, selected),
+                                     attentions=recorded.attentions)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return out if return_dict else out.to_tuple()
+
+    def _padding_mask(self, mask, input_ids, inputs_embeds, caches) -> torch.Tensor | None:
+        """The 2-D padding mask the model takes: as given, or read from a 4-D causal-plus-padding mask."""
+        if mask is None or (isinstance(mask, torch.Tensor) and mask.dim() == 2):
+            return mask
+        if not isinstance(mask, torch.Tensor):
+            raise GatedAttnError(f"{WHAT}, got a {type(mask).__name__}: custom masks are not supported")
+        if mask.dim() != 4:
+            raise GatedAttnError(f"{WHAT} or a 4-D causal-plus-padding one, got a {mask.dim()}-D one")
+        source = input_ids if input_ids is not None else inputs_embeds
+        past = caches[0].length if caches is not None else 0
+        return padding_mask_of(mask, source.shape[0], past, source.shape[1])
+
+    def _warn_reference_attentions(self) -> None:
+        kernels = sorted({b.attn.core.kernel for b in self.model.blocks if hasattr(b.attn.core, "kernel")} - {"reference"})
+        if kernels and not self._warned_attentions:
+            self._warned_attentions = True
+            warnings.warn(f"GatedAttnForCausalLM: the {'/'.join(kernels)} attention kernel does not return attention "
+                          f"probabilities; with output_attentions=True every layer runs the reference kernel "
+                          f"(explicit scores and softmax: slower, more memory)", stacklevel=3)
+
+
+def _select(states: tuple[torch.Tensor, ...] | None, selected: Any) -> tuple[torch.Tensor, ...] | None:
+    """All hidden states (``output_hidden_states=True``), or those at the given indices."""
+    if states is None or isinstance(selected, bool):
+        return states
+    indices = [selected] if isinstance(selected, int) else list(selected)
+    n = len(states)
+    return tuple(states[i] for i in indices if -n <= i < n)
 
 
 def register_auto() -> None:

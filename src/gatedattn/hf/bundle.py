@@ -14,6 +14,8 @@ with ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` where
 gatedattn is not installed (it copies the files and their relative imports into its
 module cache). The files are generated, never maintained by hand: any ``gatedattn``
 import the rewriter does not understand is an error, so a new module cannot be left out.
+A model loaded from such a copy writes the same files again when it is saved (this
+module is part of the copy and copies its sibling files).
 """
 
 from __future__ import annotations
@@ -81,8 +83,30 @@ def _rewrite(source: str, imports: list[ast.ImportFrom]) -> str:
     return "".join(lines)
 
 
+def _copied_sources(folder: Path) -> dict[str, str]:
+    """File name -> source of the flat files a self-contained copy consists of (this module
+    is itself one of them, as transformers loads remote code): the entry files and every
+    file they import relatively, directly or not."""
+    todo, files = [f"{name}.py" for name in ENTRIES.values()], {}
+    while todo:
+        name = todo.pop()
+        if name in files:
+            continue
+        path = folder / name
+        if not path.is_file():
+            raise GatedAttnError(f"the modelling code is incomplete: {path} is missing")
+        files[name] = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(files[name], str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                todo.append(node.module + ".py")
+    return files
+
+
 def bundle_sources() -> dict[str, str]:
-    """File name -> generated source of every module the entry modules need."""
+    """File name -> generated source of every module the entry modules need (from the
+    package's source, or copied as they are when this is a self-contained copy)."""
+    if __name__.split(".")[0] != PACKAGE:
+        return _copied_sources(Path(__file__).resolve().parent)
     root = _package_root()
     todo, done, files = list(ENTRIES), set(), {}
     while todo:
