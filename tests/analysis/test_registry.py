@@ -6,7 +6,8 @@ from gatedattn.analysis import analyze
 from gatedattn.analysis.registry import MECHANISM_METRICS, TEXT_METRICS, columns, keys
 from gatedattn.data.backcopy import FALLBACK_TEXT, BigramBackcopy
 from gatedattn.models.lm import GatedLM, ModelConfig
-from gatedattn.reproduce import mechanism, mechanism_report, report, runner
+from gatedattn.reproduce import mechanism, mechanism_report, report
+from gatedattn.reproduce.text import run as text_run
 from gatedattn.reproduce.mechanism_probe import measure
 
 
@@ -25,7 +26,7 @@ def test_every_mechanism_metric_is_produced_by_the_probe():
 
 
 def test_summaries_and_tables_read_the_registry():
-    assert runner.SUMMARY_METRICS == keys(TEXT_METRICS, "analysis")
+    assert text_run.SUMMARY_METRICS == keys(TEXT_METRICS, "analysis")
     assert report.SUMMARY_COLUMNS == columns(TEXT_METRICS)
     assert mechanism.SUMMARY_KEYS == keys(MECHANISM_METRICS)
     assert mechanism_report.COLUMNS == columns(MECHANISM_METRICS)
