@@ -214,3 +214,15 @@ def test_mla_latent_is_low_rank():
     # values of all heads come from a 12-wide latent: rank <= 12
     assert torch.linalg.matrix_rank(v.reshape(20, -1)) <= 12
     assert k.shape[-1] == layer.cfg.head_dim + 4
+
+
+def test_sink_starts_at_sink_init_in_the_layer_and_the_model():
+    from gatedattn.models.lm import GatedLM, ModelConfig
+
+    cfg = ModelConfig.from_preset("micro", "sink", vocab_size=40, attention_fields={"sink_init": 2.5})
+    model = GatedLM(cfg)
+    for block in model.blocks:
+        assert torch.equal(block.attn.sink, torch.full_like(block.attn.sink, 2.5))
+    assert torch.equal(GatedLM(ModelConfig.from_preset("micro", "sink", vocab_size=40)).blocks[0].attn.sink,
+                       torch.zeros(cfg.attention.n_heads))
+    assert Attention(cfg.attention).sink.tolist() == [2.5] * cfg.attention.n_heads

@@ -25,6 +25,8 @@ from gatedattn.cli import main
     (lambda: AttentionConfig(d_model=60, n_heads=8), r"d_model=60 is not divisible by n_heads=8"),
     (lambda: AttentionConfig(d_model=64, n_heads=4, kernel="flash"), r"AttentionConfig\.kernel='flash'.*'auto', 'sdpa', 'flash-lse', 'reference'"),
     (lambda: AttentionConfig(d_model=64, n_heads=4, sink=True, kernel="sdpa"), r"sink=True.*kernel='sdpa'"),
+    (lambda: AttentionConfig(d_model=64, n_heads=4, sink_init=2.0), r"AttentionConfig\.sink_init=2 needs sink=True"),
+    (lambda: AttentionConfig(d_model=64, n_heads=4, sink=True, sink_init=float("inf")), r"sink_init=inf must be a finite"),
     (lambda: AttentionConfig(d_model=64, n_heads=4, kv="latent"), r"AttentionConfig\.kv"),
     (lambda: AttentionConfig(d_model=64, n_heads=4, n_kv_heads=2, kv="mla"), r"kv='mla' needs n_kv_heads == n_heads"),
     (lambda: AttentionConfig(d_model=64, n_heads=4, kv="mla", qk_norm=True), r"qk_norm"),

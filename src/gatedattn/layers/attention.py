@@ -157,7 +157,7 @@ class Attention(nn.Module):
         self.rotary = Rotary(cfg.rope, rot_dim)
         self.head_transform = HeadTransform(cfg.head_transform, cfg.v_dim, cfg.norm_eps)
         self.gate = self._make_gate(cfg)
-        self.sink = nn.Parameter(torch.zeros(H)) if cfg.sink else None
+        self.sink = nn.Parameter(torch.full((H,), float(cfg.sink_init))) if cfg.sink else None
         self.core = AttentionCore(cfg.resolved_kernel)
         self.scale = 1.0 / math.sqrt(cfg.qk_dim)
 

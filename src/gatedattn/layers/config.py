@@ -11,6 +11,7 @@ every ``GateConfig`` axis, section 2 HyGA's fields, section 3 the sink.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,7 +170,8 @@ class AttentionConfig:
     output projection (GPT-OSS, Llama/Qwen3 with ``attention_bias``).
     ``head_transform`` applies a non-gate non-linearity to each head's SDPA output
     (per-head RMSNorm or parameter-free SiLU, the paper's comparisons). ``sink`` adds a
-    learnable per-head sink logit to the softmax (GPT-OSS). ``kernel`` picks the
+    learnable per-head sink logit to the softmax (GPT-OSS), whose value at initialisation
+    is ``sink_init`` (0: the sink weighs as one key of score 0). ``kernel`` picks the
     attention core: ``auto`` (SDPA, or the fused kernel that returns the log-sum-exp
     when a sink is on), ``sdpa``, ``flash-lse`` or the plain ``reference``.
     """
@@ -188,6 +190,7 @@ class AttentionConfig:
     gate: GateConfig | None = option(None, set=False, help="the gates (None: ungated)")
     head_transform: str = option("none", help="non-gate non-linearity on each head's output: none, rmsnorm, silu")
     sink: bool = option(False, help="a learnable per-head sink logit in the softmax (GPT-OSS)")
+    sink_init: float = option(0.0, help="the sink logits' initial value (with sink=True; 0: as one key of score 0)")
     kernel: str = option("auto", help="attention core: auto, sdpa, flash-lse (returns the log-sum-exp), reference")
 
     def __post_init__(self) -> None:
@@ -239,6 +242,11 @@ class AttentionConfig:
                 f"AttentionConfig.rope.fraction={self.rope.fraction} rotates "
                 f"{rotated:g} of head_dim={self.head_dim} channels; it must be a whole, even number"
             )
+        if not math.isfinite(self.sink_init):
+            raise ConfigError(f"AttentionConfig.sink_init={self.sink_init} must be a finite number")
+        if self.sink_init != 0.0 and not self.sink:
+            raise ConfigError(f"AttentionConfig.sink_init={self.sink_init:g} needs sink=True (there is no sink to "
+                              f"initialise); set sink=True or leave sink_init at 0")
         if self.sink and self.kernel == "sdpa":
             raise ConfigError(
                 "AttentionConfig.sink=True needs the attention log-sum-exp, which kernel='sdpa' "

@@ -203,8 +203,8 @@ class GatedLM(nn.Module):
     def reset_parameters(self) -> None:
         """Normal(0, init_std) for matrices, Normal(0, embed_std or init_std) for the
         embeddings (a tied LM head shares the token embedding's), residual-output
-        projections scaled by 1/sqrt(2 n_layers); norms at one; biases, sinks and static
-        gates at zero."""
+        projections scaled by 1/sqrt(2 n_layers); norms at one; biases and static gates at
+        zero; sinks at ``attention.sink_init`` (0 unless set)."""
         residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         embed_std = self.cfg.embed_std if self.cfg.embed_std is not None else self.cfg.init_std
         owned: set[int] = set()  # modules inside a gate: the gate initialises them
@@ -230,7 +230,7 @@ class GatedLM(nn.Module):
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, Attention) and module.sink is not None:
-                nn.init.zeros_(module.sink)
+                nn.init.constant_(module.sink, module.cfg.sink_init)
 
     def _check_input(self, ids: torch.Tensor | None, caches: list[KVCache] | None,
                      inputs_embeds: torch.Tensor | None = None) -> tuple[int, int]:
