@@ -278,6 +278,20 @@ def test_learnable_sink_claim():
     assert verdicts(baseline=BASE, sink=elsewhere)["mech-learnable-sink"]["verdict"] == NOT_HELD
     no_sink = {**BASE, "bos_attn_ordinary": stat(0.1, 0.1, 0.1)}
     assert verdicts(baseline=no_sink, sink=took)["mech-learnable-sink"]["verdict"] == NOT_MEASURABLE
+    # a sink that takes no mass while BOS keeps it (within seed noise of the baseline) is judged, not
+    # left unmeasurable: the sink's own share decides
+    ignored = dict(bos_attn_ordinary=stat(0.6, 0.55, 0.62), sink_mass_ordinary=stat(0.001, 0.0, 0.002))
+    row = verdicts(baseline=BASE, sink=ignored)["mech-learnable-sink"]
+    assert row["verdict"] == NOT_HELD and "in 3 of 3 seeds the sink takes under half" in row["measured"]
+    assert "seeds 0.001, 0.000, 0.002" in row["measured"]
+    # every seed must hold: one seed whose BOS keeps its attention fails the claim
+    one_seed = dict(bos_attn_ordinary=stat(0.05, 0.5, 0.05), sink_mass_ordinary=stat(0.7, 0.4, 0.69))
+    row = verdicts(baseline=BASE, sink=one_seed)["mech-learnable-sink"]
+    assert row["verdict"] == NOT_HELD and "in 1 of 3 seeds BOS keeps over 0.5×" in row["measured"]
+    both = verdicts(baseline=BASE, sink=ignored, **{"hyga-sink": took})
+    assert both["mech-learnable-sink-hyga"]["verdict"] == HELD and both["mech-learnable-sink"]["verdict"] == NOT_HELD
+    assert verdicts(baseline=BASE, **{"hyga-sink": dict(bos_attn_ordinary=stat(0.05, 0.06, 0.05))})[
+        "mech-learnable-sink-hyga"]["verdict"] == NOT_MEASURABLE  # no sink share measured
 
 
 # ------------------------------------------------------------------------------ config, CLI, end to end

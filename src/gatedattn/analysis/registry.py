@@ -44,6 +44,7 @@ MECHANISM_METRICS: tuple[Metric, ...] = (
     Metric("prev_attn_trigger", "prev-token attn, trigger", 3, False, "mechanism"),
     Metric("sink_mass_ordinary", "learnable sink, ordinary", 3, None, "mechanism"),
     Metric("sink_mass_trigger", "learnable sink, trigger", 3, None, "mechanism", table=False),
+    Metric("sink_logit", "sink logit", 2, None, "mechanism", table=False),
     Metric("f_attn", "F-Attn", 3, True, "mechanism"),
     Metric("sink_eps", "Sink^ε", 2, True, "mechanism"),
     Metric("value_norm_bos", "‖v‖ BOS", 2, None, "mechanism"),

@@ -9,7 +9,10 @@ in a single forward pass, and returns per layer and model-wide:
 
 - ``bos_attn_{trigger,ordinary}``: attention probability on BOS (head-averaged);
 - ``prev_attn_trigger``: attention of trigger positions on the token before them (the copy);
-- ``sink_mass_{trigger,ordinary}``: probability on a learnable sink (variants with one);
+- ``sink_mass_{trigger,ordinary}``: probability on a learnable sink (variants with one),
+  the mass missing from each row of the reference core's probabilities, i.e.
+  ``sigmoid(b - logsumexp_j(q.k_j / sqrt(d)))``; ``sink_logit``: the sink logit ``b``
+  itself (head mean), which that share compares with the scaled scores;
 - ``value_norm_bos`` / ``value_norm_other``: L2 norm of the value vector at BOS vs the mean
   over the other positions (head-averaged);
 - ``resid_norm_bos`` / ``resid_norm_other``: L2 norm of the residual stream after the layer
@@ -41,7 +44,7 @@ from gatedattn.data.backcopy import BigramBackcopy
 PER_LAYER = (
     "bos_attn_trigger", "bos_attn_ordinary", "prev_attn_trigger", "sink_mass_trigger", "sink_mass_ordinary",
     "value_norm_bos", "value_norm_other", "resid_norm_bos", "resid_norm_other", "m_act", "m_act_ratio",
-    "gate_trigger", "gate_ordinary", "f_attn",
+    "gate_trigger", "gate_ordinary", "f_attn", "sink_logit",
 )
 
 
@@ -97,6 +100,9 @@ def measure(model: nn.Module, batch: np.ndarray | Tensor, task: BigramBackcopy) 
         B, T = scores.shape[:2]  # (B, T, G, D) elementwise, (B, T, G) or (B, T, G, 1) headwise
         gate_parts[layer].append(scores.double().reshape(B, T, scores.shape[2] if scores.dim() > 2 else 1, -1))
 
+    for i, b in enumerate(blocks):
+        if b.attn.sink is not None:
+            per["sink_logit"][i] = float(b.attn.sink.detach().double().mean())
     handles = [_value_hook(b.attn, i, per) for i, b in enumerate(blocks)]
     try:
         with hooked(model, on_probs=on_probs, on_hidden=on_hidden, on_gate=on_gate):
