@@ -226,3 +226,32 @@ def test_variant_colours_are_stable_and_distinct():
     colours = [plots.variant_color(n) for n in names]
     assert len(set(colours)) == len(names) and "#000000" not in colours
     assert colours == [plots.variant_color(n) for n in names]  # same colour on every call
+
+
+@pytest.mark.parametrize("values", [
+    {"baseline": [0.9, 0.95, 0.99, 0.8, 0.97], "gated": [0.1, 0.2, 0.05, 0.3, 0.15]},
+    {"sink": [0.001]},  # one seed
+    {"baseline": [0.9, None], "gated": [None]},  # a seed not measured; a series with none
+], ids=["five-seeds", "one-seed", "missing"])
+def test_plot_seed_strip(tmp_path, values):
+    path = plots.plot_seed_strip(values, tmp_path / "strip.png", title="per seed", ylabel="BOS attention",
+                                 threshold=0.5, figsize=SIZE)
+    check_png(path, tmp_path)
+
+
+def test_plot_seed_strip_draws_a_dot_per_seed(tmp_path, monkeypatch):
+    drawn = []
+    real = plots.Figure.add_subplot
+
+    def spy(fig, *a, **kw):
+        ax = real(fig, *a, **kw)
+        drawn.append(ax)
+        return ax
+
+    monkeypatch.setattr(plots.Figure, "add_subplot", spy)
+    plots.plot_seed_strip({"a": [1.0, 2.0, 3.0], "b": [None, 5.0]}, tmp_path / "s.png", title="t", ylabel="y")
+    offsets = [c.get_offsets() for c in drawn[0].collections if type(c).__name__ == "PathCollection"]  # the dots
+    assert [len(o) for o in offsets] == [3, 1]
+    assert sorted(offsets[0][:, 1].tolist()) == [1.0, 2.0, 3.0] and offsets[1][0, 1] == 5.0
+    with pytest.raises(ValueError, match="plot_seed_strip: nothing to plot"):
+        plots.plot_seed_strip({}, tmp_path / "e.png", title="t", ylabel="y")

@@ -312,9 +312,22 @@ def test_bad_mechanism_config(kw, match):
 
 def test_default_plan():
     plan = MechanismConfig().plan()
-    assert len(plan) == 3 * 3 + 2 * 3 and plan[0][1] == 2
-    assert {v for v, d, _ in plan if d == 2} == {"baseline", "gated"}
-    assert {v for v, d, _ in plan if d == 1} == {"baseline", "gated", "sink"}
+    assert len(plan) == 6 * 5 + 2 * 3 and plan[0][1] == 2
+    assert {(v, s) for v, d, s in plan if d == 2} == {(v, s) for v in ("baseline", "gated") for s in range(3)}
+    assert {v for v, d, _ in plan if d == 1} == {"baseline", "gated", "sink", "hyga", "hyga-lowrank", "hyga-sink"}
+    assert {s for _, d, s in plan if d == 1} == set(range(5))
+    assert len(MechanismConfig(seeds=2).plan()) == 6 * 2 + 2 * 2  # the deeper depths' seeds are capped
+
+
+def test_default_training_work_within_its_budget():
+    """The main job's mechanism part must stay within 2.3x the training work of the recipe
+    the 10-minute budget was measured on (3 variants x 3 seeds at one layer, 2 x 3 at two)."""
+    from gatedattn.reproduce.mechanism import model_parameters, training_work
+
+    before = MechanismConfig(variants=("baseline", "gated", "sink"), seeds=3, deep_seeds=3)
+    assert model_parameters(before, "baseline", 1) == 49024 and model_parameters(before, "hyga-sink", 1) == 61377
+    ratio = training_work(MechanismConfig()) / training_work(before)
+    assert 2.0 < ratio <= 2.3
 
 
 def test_cli_rejects_flags_of_other_studies(capsys):

@@ -570,6 +570,37 @@ def plot_ratio_bars(
     return _save(fig, path)
 
 
+def plot_seed_strip(
+    values: Mapping[str, Sequence[float | None]],
+    path: PathLike,
+    title: str,
+    ylabel: str,
+    threshold: float | None = None,
+    figsize: tuple[float, float] = (5.5, 4.2),
+) -> Path:
+    """One column per series (x) with a dot per seed and a bar at the seeds' mean: the
+    spread behind a mean ± std. values: series -> per-seed values (None: not measured,
+    left out). ``threshold`` is drawn as a dashed line."""
+    _require(values, "plot_seed_strip")
+    assign_colors(values)
+    fig = _figure(figsize)
+    ax = fig.add_subplot()
+    for i, (name, seeds) in enumerate(values.items()):
+        ys = np.array([v for v in seeds if v is not None], dtype=np.float64)
+        if not ys.size:
+            continue
+        offsets = np.linspace(-0.15, 0.15, ys.size) if ys.size > 1 else np.zeros(1)
+        ax.scatter(i + offsets, ys, s=22, color=variant_color(name), zorder=3)
+        ax.hlines(ys.mean(), i - 0.3, i + 0.3, color=variant_color(name), lw=2.0)
+    if threshold is not None:
+        ax.axhline(threshold, color="0.3", lw=1.0, ls="--", label=f"{threshold:g}")
+    ax.set_xticks(np.arange(len(values)), list(values), rotation=35, ha="right")
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3, axis="y")
+    _legend(ax)
+    return _save(fig, path)
+
+
 def figure(figsize: tuple[float, float]) -> Figure:
     """A new figure on the Agg canvas, for plots a study draws itself (save with :func:`save_figure`)."""
     return _figure(figsize)

@@ -63,7 +63,8 @@ SCHEDULES = ("constant", "cosine")
 @dataclass(frozen=True)
 class MechanismConfig:
     """One mechanism study. Every variant in ``variants`` trains at ``depths[0]`` layers;
-    the deeper ``depths`` train only the ``deep_variants``. ``seeds`` runs of each.
+    the deeper ``depths`` train only the ``deep_variants``. ``seeds`` runs of each at the
+    first depth, ``deep_seeds`` (capped at ``seeds``) at the deeper ones.
 
     The recipe fields (``d_model`` to ``train_tokens``) are the calibration's levers
     (:mod:`gatedattn.reproduce.mechanism_calibration`, docs/mechanism-calibration). The
@@ -73,11 +74,12 @@ class MechanismConfig:
     bias, q/k/v biases, untied embeddings drawn from N(0, 1), AdamW with beta2 0.99 at a
     constant learning rate, no clipping, and a fresh stream of text for every step."""
 
-    variants: tuple[str, ...] = option(("baseline", "gated", "sink"), choices=STUDY_VARIANTS,
-                                       help="variants at the first depth")
+    variants: tuple[str, ...] = option(("baseline", "gated", "sink", "hyga", "hyga-lowrank", "hyga-sink"),
+                                       choices=STUDY_VARIANTS, help="variants at the first depth")
     depths: tuple[int, ...] = option((1, 2), ge=1, help="layer counts; the deeper ones train only deep_variants")
     deep_variants: tuple[str, ...] = option(("baseline", "gated"), choices=STUDY_VARIANTS, help="variants trained at the deeper depths")
-    seeds: int = option(3, gt=0, help="seeds of every (variant, depth)")
+    seeds: int = option(5, gt=0, help="seeds of every variant at the first depth")
+    deep_seeds: int = option(3, gt=0, help="seeds of every variant at the deeper depths (capped at seeds)")
     steps: int = option(1200, gt=0, help="optimizer steps of every run")
     seq_len: int = option(64, gt=0, help="tokens per sequence after BOS")
     micro_batch: int = option(32, gt=0, help="sequences per step")
@@ -121,7 +123,7 @@ class MechanismConfig:
     @classmethod
     def quick(cls, **changes: Any) -> "MechanismConfig":
         """Under half a minute on a 2-core CPU: the whole pipeline, one seed, one depth."""
-        base = dict(variants=("baseline", "gated"), depths=(1,), deep_variants=(), seeds=1, steps=150,
+        base = dict(variants=("baseline", "gated"), depths=(1,), deep_variants=(), seeds=1, deep_seeds=1, steps=150,
                     micro_batch=16, warmup_steps=10, evals=3, analysis_sequences=32, workers=1,
                     train_tokens=1 << 18, out_dir="runs/reproduce-mechanism-quick")
         return cls(**{**base, **changes})
@@ -131,9 +133,10 @@ class MechanismConfig:
 
     def plan(self) -> list[tuple[str, int, int]]:
         """Every run as (variant, depth, seed), the longest (deepest) first."""
-        runs = [(v, d, s) for d in self.depths for v in (self.variants if d == self.depths[0] else
+        first = self.depths[0]
+        runs = [(v, d, s) for d in self.depths for v in (self.variants if d == first else
                                                             [v for v in self.variants if v in self.deep_variants])
-                for s in range(self.seeds)]
+                for s in range(self.seeds if d == first else min(self.deep_seeds, self.seeds))]
         return sorted(runs, key=lambda r: -r[1])
 
     def task(self) -> BigramBackcopy:
@@ -202,6 +205,28 @@ def train_model(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: st
     info = {"final_loss": result.final_loss, "val_loss": result.val_loss, "train_seconds": result.elapsed_s,
             "diverged": result.diverged}
     return GatedLM.from_pretrained(result.final_dir), info
+
+
+def model_parameters(cfg: MechanismConfig, variant: str, depth: int) -> int:
+    """Parameters of one run's model (built on the meta device: no weights drawn)."""
+    task = cfg.task()
+    model_cfg = train_config(cfg, Path("."), Path("."), variant, depth, 0).model.build(
+        vocab_size=task.vocab_size, max_seq_len=cfg.seq_len + 1, bos_token_id=task.bos_id)
+    with torch.device("meta"):
+        model = GatedLM(model_cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def training_work(cfg: MechanismConfig) -> int:
+    """The study's training work: over its runs, steps x sequences x tokens x parameters
+    (what its training time is proportional to on one machine)."""
+    sizes: dict[tuple[str, int], int] = {}
+    total = 0
+    for v, d, _ in cfg.plan():
+        if (v, d) not in sizes:
+            sizes[v, d] = model_parameters(cfg, v, d)
+        total += cfg.steps * cfg.micro_batch * cfg.seq_len * sizes[v, d]
+    return total
 
 
 # ------------------------------------------------------------------------------ one run

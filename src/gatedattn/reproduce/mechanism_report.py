@@ -12,7 +12,7 @@ from gatedattn.infra.fmt import fmt_cell
 from gatedattn.infra.io import atomic_write_json, atomic_write_text, json_safe
 from gatedattn.infra.provenance import say
 from gatedattn.reproduce.mechanism import (
-    DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, build_results, study_meta, train_runs,
+    DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING, SINKS, MechanismConfig, build_results, study_meta, train_runs,
 )
 
 COLUMNS = columns(MECHANISM_METRICS)
@@ -47,7 +47,45 @@ def make_plots(results: dict, out: Path) -> dict[str, str]:
             if curves:
                 plots.plot_loss_curves(curves, out / f"{name}.png", title=title, ylabel=ylabel, xlabel="training step")
                 made[name] = f"{name}.png"
+        made.update(_sink_plots(depth, block, out))
     return made
+
+
+def _sink_plots(depth: str, block: dict, out: Path) -> dict[str, str]:
+    """The learnable sink's share and the BOS attention of ordinary positions over
+    training, one line per seed (which of the two no-ops wins, and when), and every
+    seed's final BOS attention (and sink share) per variant as a strip."""
+    made: dict[str, str] = {}
+    runs = block["runs"]
+    curves = {}
+    for v in (v for v in SINKS if v in runs):
+        for r in runs[v]:
+            for key, what in (("sink_mass_ordinary", "sink share"), ("bos_attn_ordinary", "BOS")):
+                c = _seed_curves([r], key)
+                if c:
+                    curves[f"{v} s{r['seed']} · {what}"] = c[0]
+    if curves:
+        name = f"learnable_sink_L{depth}"
+        plots.plot_loss_curves(curves, out / f"{name}.png", xlabel="training step",
+                               title=f"Learnable sink vs BOS, ordinary positions, per seed, {depth} layer(s)",
+                               ylabel="attention probability")
+        made[name] = f"{name}.png"
+    strip = {}
+    for v, s in block["summary"].items():
+        if s.get("bos_attn_ordinary"):
+            strip[f"{v} · BOS"] = s["bos_attn_ordinary"].get("values") or [s["bos_attn_ordinary"]["mean"]]
+        if s.get("sink_mass_ordinary"):
+            strip[f"{v} · sink"] = s["sink_mass_ordinary"].get("values") or [s["sink_mass_ordinary"]["mean"]]
+    if strip:
+        name = f"seeds_L{depth}"
+        plots.plot_seed_strip(strip, out / f"{name}.png", threshold=SINK_SHARE, ylabel="attention probability",
+                              title=f"Ordinary positions, per seed, {depth} layer(s)")
+        made[name] = f"{name}.png"
+    return made
+
+
+FIGURE_TEXT = {"bos": "BOS attention", "gate": "Gate score", "learnable": "Learnable sink vs BOS, per seed",
+               "seeds": "Per-seed values"}
 
 
 def _depth_lines(depth: str, block: dict, cfg: dict, made: dict[str, str], heading: str) -> list[str]:
@@ -60,21 +98,29 @@ def _depth_lines(depth: str, block: dict, cfg: dict, made: dict[str, str], headi
     if block["claims"]:
         lines += ["| claim | this run | verdict |", "|---|---|---|"]
         lines += [f"| {c['claim']} | {c['measured']} | **{c['verdict']}** |" for c in block["claims"]] + [""]
-    lines += _summary_table(block["summary"], cfg)
+    lines += _summary_table(block["summary"], cfg, max((len(r) for r in block["runs"].values()), default=0))
     for name, file in made.items():
         if name.endswith(f"_L{depth}"):
-            what = "BOS attention" if name.startswith("bos") else "Gate score"
+            what = FIGURE_TEXT[name.split("_")[0]]
             lines += [f"![{what}, {depth} layer(s)]({file})", ""]
     return lines
 
 
-def _summary_table(summary: dict[str, dict], cfg: dict) -> list[str]:
+def missing_variants(results: dict) -> list[str]:
+    """The study's default first-depth variants these results do not hold (results
+    written before the study trained them)."""
+    first = results.get("depths", {}).get(str(results["config"]["depths"][0]), {})
+    have = set(first.get("runs", {}))
+    return [v for v in MechanismConfig().variants if v not in have]
+
+
+def _summary_table(summary: dict[str, dict], cfg: dict, seeds: int) -> list[str]:
     """The variants' figures (mean ± std over seeds) and what bounds the losses."""
     lines = ["| variant | " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     lines += [f"| `{v}` | " + " | ".join(fmt_cell(s.get(k), d) for k, _, d in COLUMNS) + " |"
               for v, s in summary.items()]
     floor = next((s.get("bigram_floor") for s in summary.values() if s.get("bigram_floor")), None)
-    return lines + ["", f"Mean ± std over {cfg['seeds']} seed(s), on {cfg['analysis_sequences']} sequences drawn "
+    return lines + ["", f"Mean ± std over {seeds} seed(s), on {cfg['analysis_sequences']} sequences drawn "
                         f"apart from the training data. The lowest possible bigram loss (the entropy of the true "
                         f"bigram rows) is {fmt_cell(floor, 3)}; the copy loss can reach 0.", ""]
 
@@ -90,6 +136,12 @@ def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool
         f"positions. Uniform causal attention would put {task['uniform_bos_attn_ordinary']:.3f} on BOS from "
         f"ordinary positions and {task['uniform_bos_attn_trigger']:.3f} from trigger positions "
         f"(F-Attn {task['uniform_f_attn']:.3f}).", ""]
+    missing = missing_variants(results)
+    if missing:
+        lines += [f"Not in these results: {', '.join(f'`{v}`' for v in missing)} (the study trains "
+                  f"{'it' if len(missing) == 1 else 'them'} now; these results were written before), so "
+                  f"{'its claims are' if len(missing) == 1 else 'their claims are'} not judged here. Run the study "
+                  f"again (finished runs are reused) to judge them.", ""]
     for depth, block in results["depths"].items():
         lines += _depth_lines(depth, block, cfg, made, heading)
     lines += [
@@ -108,8 +160,11 @@ def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool
         f"‖v_BOS‖ ≤ {DRAIN:g}× the other tokens' and the residual-state peak ‖h_BOS‖ ≥ {PEAK:g}× the others', in "
         "every seed; they *vanish* with a variant where no seed of it shows them. The gate "
         "\"opens on triggers and closes elsewhere\" when its score is higher on trigger positions and the "
-        "ordinary positions' score is at most half of it. The learnable sink \"takes the sink's role\" when "
-        "BOS attention drops to half and the sink takes at least half the baseline's BOS attention.", ""]
+        "ordinary positions' score is at most half of it. The learnable sink \"takes the sink's role\" when, in "
+        f"every seed, its share of an ordinary position's attention is at least half the baseline's BOS attention "
+        f"(same seed) and the BOS attention left is at most {REMOVAL_RATIO:g}× the baseline's. The sink's share is "
+        "the probability on the sink, sigmoid(b − logsumexp(q·k/√d)), read from the same scaled scores the "
+        "layer computes.", ""]
     return lines
 
 
@@ -135,12 +190,21 @@ def write_mechanism_report(results: dict, out: str | Path) -> Path:
              f"| date | {meta['started']} · this invocation {meta['duration_min']:.1f} min; the {len(_all_runs(results))} "
              f"runs took {results['run_minutes']:.1f} min summed ({cfg['workers']} at a time; finished runs are reused) |",
              f"| recipe | {MechanismConfig.from_dict(cfg).describe()}; fp32, seeds 0..{cfg['seeds'] - 1} |",
-             f"| depths | {', '.join(map(str, cfg['depths']))} (deeper ones: {', '.join(cfg['deep_variants']) or 'none'}) |",
+             f"| depths | {', '.join(map(str, cfg['depths']))} (deeper ones: {', '.join(cfg['deep_variants']) or 'none'}"
+             f"{_deep_seeds(cfg)}) |",
              ""]
     lines += mechanism_section(results, out)
     lines += ["## Reproduce", "", "```bash", meta["command"], "```", "",
               "Every figure above comes from `results.json` beside this report.", ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))
+
+
+def _deep_seeds(cfg: dict) -> str:
+    """How many seeds the deeper depths trained (results written before ``deep_seeds``
+    existed trained ``seeds`` at every depth)."""
+    if len(cfg["depths"]) < 2:
+        return ""
+    return f", {min(cfg.get('deep_seeds', cfg['seeds']), cfg['seeds'])} seeds"
 
 
 def run_study(cfg: MechanismConfig, command: str | None = None) -> Path:
