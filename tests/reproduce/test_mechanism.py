@@ -404,3 +404,18 @@ def test_quick_mechanism_study_end_to_end(tmp_path):
     assert main(["reproduce", "--study", "mechanism", "--quick", "--out", str(out), "--report-only"]) == 0
     assert (out / "report.md").read_text() == written
     assert json.loads((out / "results.json").read_text())["depths"]["1"]["claims"] == results["depths"]["1"]["claims"]
+
+
+def test_task_family_is_a_field():
+    corpus = MechanismConfig()
+    random = MechanismConfig(task_family="random", n_chars=43, trigger_share=0.05, task_seed=2)
+    assert corpus.task().source != random.task().source and random.task().triggers == (40, 41, 42)
+    assert random.task().fingerprint() == BigramBackcopy.random_sparse(
+        n_chars=43, trigger_share=0.05, seed=2).fingerprint()
+    from gatedattn.reproduce.mechanism import recipe_of
+
+    assert recipe_of(random, "baseline")["task_family"] == "random"
+    with pytest.raises(ConfigError, match=r"successors=30 must be in \[1, 21\]"):
+        MechanismConfig(task_family="random", successors=30)
+    with pytest.raises(ConfigError, match=r"task_family='zipf' is not allowed"):
+        MechanismConfig(task_family="zipf")

@@ -11,11 +11,14 @@ where ``x1`` is drawn from the non-trigger characters' frequencies and each next
   just before the trigger (``x[i+1] = x[i-1]`` when ``x[i]`` is a trigger);
 - a *bigram* draw otherwise: ``x[i+1] ~ table[x[i]]``.
 
-The bigram table is estimated from the characters of real text (the default corpus when
-its packages are installed, else a short built-in public-domain passage, so it needs no
-network and no files). Triggers are the most frequent characters after the space. A
-trigger never follows a trigger (``table[t, t']`` is 0 and the row renormalised), so the
-token before a trigger is always an ordinary character and copies never chain.
+Two families of tables. :meth:`BigramBackcopy.default` estimates the bigram table from the
+characters of real text (the default corpus when its packages are installed, else a short
+built-in public-domain passage, so it needs no network and no files); triggers are the
+most frequent characters after the space. :meth:`BigramBackcopy.random_sparse` draws a
+sparse table: each ordinary character is followed by a few random ordinary successors, or
+by a trigger with a chosen frequency. Either way a trigger never follows a trigger
+(``table[t, t']`` is 0 and the row renormalised), so the token before a trigger is always
+an ordinary character and copies never chain.
 
 Ordinary positions have nothing useful to attend to (the current token decides the next),
 so a softmax head that must serve the trigger positions learns to park the others on BOS:
@@ -122,6 +125,45 @@ class BigramBackcopy:
         initial[list(triggers)] = 0.0
         initial /= initial.sum()
         return cls(chars, table, initial, triggers, source)
+
+    @classmethod
+    def random_sparse(cls, *, n_chars: int = 24, n_triggers: int = 3, trigger_share: float = 0.2,
+                      successors: int = 4, seed: int = 0) -> "BigramBackcopy":
+        """A random sparse table over ``n_chars`` characters, the last ``n_triggers`` of
+        them triggers: every ordinary character is followed by one of ``successors``
+        ordinary characters (drawn without replacement, Dirichlet(1) weights) or, with
+        probability ``f = trigger_share / (1 - trigger_share)``, by a trigger (uniformly),
+        so that about ``trigger_share`` of the positions are triggers; a trigger row has
+        ordinary successors only. The first token is uniform over the ordinary characters.
+        Deterministic from ``seed``."""
+        if not 2 <= n_chars <= 256:
+            raise ConfigError(f"BigramBackcopy n_chars={n_chars} must be in [2, 256]")
+        if not 1 <= n_triggers < n_chars - 1:
+            raise ConfigError(f"BigramBackcopy n_triggers={n_triggers} must be in [1, n_chars - 2 = {n_chars - 2}]")
+        n_ord = n_chars - n_triggers
+        if not 1 <= successors <= n_ord:
+            raise ConfigError(f"BigramBackcopy successors={successors} must be in [1, {n_ord}] (the ordinary "
+                              f"characters: n_chars - n_triggers)")
+        if not 0.0 < trigger_share < 0.5:
+            raise ConfigError(f"BigramBackcopy trigger_share={trigger_share} must be in (0, 0.5) (a trigger is "
+                              f"always followed by an ordinary copy, so at most every other position is one)")
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+        f = trigger_share / (1.0 - trigger_share)
+        table = np.zeros((n_chars, n_chars))
+        for a in range(n_chars):
+            succ = rng.choice(n_ord, size=successors, replace=False)
+            weights = rng.dirichlet(np.ones(successors))
+            if a < n_ord:
+                table[a, succ] = weights * (1.0 - f)
+                table[a, n_ord:] = f / n_triggers
+            else:
+                table[a, succ] = weights
+        initial = np.zeros(n_chars)
+        initial[:n_ord] = 1.0 / n_ord
+        chars = tuple(_RANDOM_ALPHABET[i] if i < len(_RANDOM_ALPHABET) else chr(0x100 + i) for i in range(n_chars))
+        source = (f"a random sparse table ({successors} successors per character, triggers {trigger_share:g} of "
+                  f"positions, seed {seed})")
+        return cls(chars, table, initial, tuple(range(n_ord, n_chars)), source)
 
     @classmethod
     def default(cls, *, n_chars: int = 24, n_triggers: int = 3) -> "BigramBackcopy":
@@ -238,6 +280,9 @@ class BigramBackcopy:
         tok.decoder = decoders.Fuse()
         tok.add_special_tokens([BOS_TOKEN, EOS_TOKEN])
         return tok.to_str()
+
+
+_RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
 @functools.lru_cache(maxsize=4)

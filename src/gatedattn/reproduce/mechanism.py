@@ -58,6 +58,7 @@ SUMMARY_KEYS = keys(MECHANISM_METRICS)
 
 POSITIONS = {"rope": 1.0, "partial-rope": 0.5, "learned": 0.0}  # name -> share of each head's channels that rotate
 NORMS = ("layer", "rms")
+TASK_FAMILIES = ("corpus", "random")
 SCHEDULES = ("constant", "cosine")
 
 @dataclass(frozen=True)
@@ -100,8 +101,13 @@ class MechanismConfig:
                               " (0: it weighs as one key of score 0)")
     train_tokens: int = option(1 << 22, gt=0, help="length of the generated training stream; at least the tokens a "
                                              "run trains keeps every window fresh text, less re-reads it")
-    n_chars: int = option(24, gt=0, help="characters of the language (the bigram table's size)")
-    n_triggers: int = option(3, gt=0, help="trigger characters (the most frequent after the space)")
+    task_family: str = option("corpus", choices=TASK_FAMILIES, help="the bigram table: corpus (the default "
+                              "corpus's character bigrams) or random (a random sparse table)")
+    n_chars: int = option(24, gt=0, help="characters of the language (the bigram table's size, triggers included)")
+    n_triggers: int = option(3, gt=0, help="trigger characters (corpus: the most frequent after the space)")
+    trigger_share: float = option(0.2, gt=0, lt=0.5, help="random family: the share of positions that are triggers")
+    successors: int = option(4, gt=0, help="random family: ordinary successors of each character")
+    task_seed: int = option(0, ge=0, help="random family: the seed of the table")
     evals: int = option(10, gt=0, help="measurements along training (the curves)")
     analysis_sequences: int = option(256, gt=0, help="sequences of the final measurement")
     workers: int = option(2, gt=0, help="runs trained at a time (one thread each)")
@@ -117,6 +123,8 @@ class MechanismConfig:
             raise ConfigError(f"{own}.variants and depths must not be empty")
         if "baseline" not in self.variants:
             raise ConfigError(f"{own}.variants must include 'baseline' (every claim compares against it)")
+        if self.task_family == "random":
+            self.task()  # the table's fields are checked now, before any run
         if self.train_tokens < self.seq_len + 1:
             raise ConfigError(f"{own}.train_tokens={self.train_tokens} must exceed seq_len={self.seq_len}")
 
@@ -140,6 +148,10 @@ class MechanismConfig:
         return sorted(runs, key=lambda r: -r[1])
 
     def task(self) -> BigramBackcopy:
+        if self.task_family == "random":
+            return BigramBackcopy.random_sparse(n_chars=self.n_chars, n_triggers=self.n_triggers,
+                                                trigger_share=self.trigger_share, successors=self.successors,
+                                                seed=self.task_seed)
         return BigramBackcopy.default(n_chars=self.n_chars, n_triggers=self.n_triggers)
 
     @property
@@ -313,11 +325,13 @@ def train_runs(cfg: MechanismConfig, out: Path) -> list[dict[str, Any]]:
 
 RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "norm", "qkv_bias", "tie_embeddings",
                  "embed_std", "lr", "schedule", "warmup_steps", "beta2", "weight_decay", "grad_clip",
-                 "train_tokens", "n_chars", "n_triggers", "evals", "analysis_sequences")
+                 "train_tokens", "task_family", "n_chars", "n_triggers", "trigger_share", "successors", "task_seed",
+                 "evals", "analysis_sequences")
 
 
 # recipe fields added after runs were first recorded, with the value those runs had
-LATER_RECIPE_FIELDS: dict[str, Any] = {"sink_init": 0.0}
+LATER_RECIPE_FIELDS: dict[str, Any] = {"sink_init": 0.0, "task_family": "corpus", "trigger_share": 0.2,
+                                       "successors": 4, "task_seed": 0}
 
 
 def recipe_of(cfg: MechanismConfig, variant: str | None = None) -> dict[str, Any]:
