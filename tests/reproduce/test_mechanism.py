@@ -419,3 +419,32 @@ def test_task_family_is_a_field():
         MechanismConfig(task_family="random", successors=30)
     with pytest.raises(ConfigError, match=r"task_family='zipf' is not allowed"):
         MechanismConfig(task_family="zipf")
+
+
+def _fake_record(variant, seed, bos, sink=None):
+    final = {"bos_attn_ordinary": bos, "bos_attn_ordinary_per_layer": [bos], "bos_attn_trigger": 0.01,
+             "uniform_bos_attn_ordinary": 0.06, "uniform_bos_attn_trigger": 0.07, "sink_mass_ordinary": sink,
+             "trigger_fraction": 0.2}
+    curve = {"step": [0, 10], "bos_attn_ordinary": [0.06, bos], "sink_mass_ordinary": [None if sink is None else 0.05, sink]}
+    return {"variant": variant, "depth": 1, "seed": seed, "final": final, "curve": curve, "final_loss": 2.0,
+            "wall_seconds": 1.0, "train_seconds": 1.0}
+
+
+def test_results_written_before_hyga_and_deep_seeds_still_render(tmp_path):
+    """An older results.json (no deep_seeds, sink_init or task family in its config, no HyGA
+    runs) renders; the report names the default variants it lacks and judges the sink claim."""
+    from gatedattn.reproduce.mechanism import build_results, judge_depths
+    from gatedattn.reproduce.mechanism_report import mechanism_section
+
+    cfg = MechanismConfig(variants=("baseline", "gated", "sink"), depths=(1,), deep_variants=(), seeds=2)
+    records = [_fake_record("baseline", s, 0.95) for s in range(2)] + [_fake_record("gated", s, 0.1) for s in range(2)]
+    records += [_fake_record("sink", s, 0.9, sink=0.001) for s in range(2)]
+    results = build_results(cfg, cfg.task(), records)
+    for field in ("deep_seeds", "sink_init", "task_family", "trigger_share", "successors", "task_seed"):
+        del results["config"][field]
+    text = "\n".join(mechanism_section(judge_depths(results), tmp_path))
+    assert "Not in these results: `hyga`, `hyga-lowrank`, `hyga-sink`" in text
+    row = next(line for line in text.splitlines() if "(`sink`) |" in line)
+    assert "**did not hold**" in row and "seeds 0.001, 0.001" in row
+    assert (tmp_path / "learnable_sink_L1.png").is_file() and (tmp_path / "seeds_L1.png").is_file()
+    assert MechanismConfig.from_dict(results["config"]).deep_seeds == 3

@@ -138,10 +138,10 @@ def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool
         f"(F-Attn {task['uniform_f_attn']:.3f}).", ""]
     missing = missing_variants(results)
     if missing:
-        lines += [f"Not in these results: {', '.join(f'`{v}`' for v in missing)} (the study trains "
-                  f"{'it' if len(missing) == 1 else 'them'} now; these results were written before), so "
-                  f"{'its claims are' if len(missing) == 1 else 'their claims are'} not judged here. Run the study "
-                  f"again (finished runs are reused) to judge them.", ""]
+        lines += [f"Not in these results: {', '.join(f'`{v}`' for v in missing)} (of the variants the study "
+                  f"trains by default), so {'its claims are' if len(missing) == 1 else 'their claims are'} not "
+                  f"judged here; a run of the study with {'it' if len(missing) == 1 else 'them'} (finished runs "
+                  f"are reused) judges them.", ""]
     for depth, block in results["depths"].items():
         lines += _depth_lines(depth, block, cfg, made, heading)
     lines += [
