@@ -242,6 +242,9 @@ class AttentionConfig:
                 f"AttentionConfig.rope.fraction={self.rope.fraction} rotates "
                 f"{rotated:g} of head_dim={self.head_dim} channels; it must be a whole, even number"
             )
+        self._check_sink()
+
+    def _check_sink(self) -> None:
         if not math.isfinite(self.sink_init):
             raise ConfigError(f"AttentionConfig.sink_init={self.sink_init} must be a finite number")
         if self.sink_init != 0.0 and not self.sink:
