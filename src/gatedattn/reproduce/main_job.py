@@ -47,7 +47,7 @@ class ReproduceConfig(TextConfig):
     out_dir: str = option("runs/reproduce", help="output directory")
     fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
                                             "report's claims table")
-    budget_minutes: float | None = option(15.0, gt=0, help="wall-clock budget of the natural-text part: time each "
+    budget_minutes: float | None = option(11.0, gt=0, help="wall-clock budget of the natural-text part: time each "
                                                            "variant's training step first and fit the steps to it "
                                                            "(instead of steps)")
     mechanism: MechanismConfig | None = field(default_factory=MechanismConfig, metadata={

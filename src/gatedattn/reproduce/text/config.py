@@ -193,7 +193,7 @@ def _route_train_fields(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
 
 # the flags of every study whose runs train on natural text with a TextConfig
 FLAGS: dict[str, Flag] = {
-    "--budget-minutes": Flag("budget_minutes", "wall-clock budget (default 20; the main job's text part 15): time "
+    "--budget-minutes": Flag("budget_minutes", "wall-clock budget (default 20; the main job's text part 11): time "
                              "each variant's step here first and fit the steps to it", type=float, clears=("steps",)),
     "--steps": Flag("steps", "fixed training steps per run instead of a budget (--quick: 40)", type=int,
                     clears=("budget_minutes",)),
