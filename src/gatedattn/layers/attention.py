@@ -37,7 +37,7 @@ from gatedattn.infra.errors import GatedAttnError
 from gatedattn.layers.gates import Gate, HeadTransform
 from gatedattn.layers.norm import RMSNorm
 from gatedattn.ops.gate import gated_linear
-from gatedattn.layers.rope import Rotary, apply_rope
+from gatedattn.layers.rope import RopeTables, Rotary, apply_rope
 
 # index into (q, k, v) of the tensor that a projection-side gate scales
 _PROJECTION_GATES = {"g4": 0, "g3": 1, "g2": 2}
@@ -139,7 +139,9 @@ class Attention(nn.Module):
     the pre-norm; ``positions`` (T,) or (B, T) integer positions for RoPE (default:
     ``cache.length + arange(T)``); ``cache`` a ``KVCache`` that is extended in place;
     ``key_mask`` (B, cache.length + T) boolean, False for padding tokens, whose keys every
-    query then ignores (None: no padding, today's unmasked kernels). Returns (B, T, d_model).
+    query then ignores (None: no padding, today's unmasked kernels); ``rope`` the model's
+    ``RopeTables`` of ``positions``, shared by its layers (None: this layer computes its
+    own). Returns (B, T, d_model).
     """
 
     def __init__(self, cfg: AttentionConfig):
@@ -181,6 +183,7 @@ class Attention(nn.Module):
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
         key_mask: torch.Tensor | None = None,
+        rope: RopeTables | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
@@ -191,9 +194,9 @@ class Attention(nn.Module):
         position = self.cfg.gate.position if self.gate is not None else None
 
         if cache is not None and self.caches_latent:
-            q, k, v, x_gate = self._qkv_from_latent(x, positions, cache)
+            q, k, v, x_gate = self._qkv_from_latent(x, positions, cache, rope)
         else:
-            q, k, v, x_gate = self._qkv(x, positions, cache)
+            q, k, v, x_gate = self._qkv(x, positions, cache, rope)
         if key_mask is None:
             h = self.core(q, k, v, self.sink, q_offset=offset, scale=self.scale)
         else:
@@ -219,7 +222,12 @@ class Attention(nn.Module):
         gate (which scales the expanded V/K by a score from each token's X) rules it out."""
         return self.cfg.kv == "mla" and (self.gate is None or self.cfg.gate.position not in ("g2", "g3"))
 
-    def _qkv(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None):
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, rope: RopeTables | None):
+        if rope is None:
+            return self.rotary.cos_sin(positions, dtype)
+        return rope.cos_sin(self.rotary, positions, dtype)
+
+    def _qkv(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, rope: RopeTables | None = None):
         """q (B, H, T, Dqk), k and v (B, Hkv, Tk, D) after gates, norms, RoPE and the cache;
         and ``X W_gate`` when the X-gate was packed with the query projection."""
         position = self.cfg.gate.position if self.gate is not None else None
@@ -231,7 +239,7 @@ class Attention(nn.Module):
         q, k, v = qkv
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = self.rotary.cos_sin(positions, q.dtype)
+        cos, sin = self._cos_sin(positions, q.dtype, rope)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
@@ -239,7 +247,8 @@ class Attention(nn.Module):
             k, v = cache.update(k, v)
         return q, k, v, x_gate
 
-    def _qkv_from_latent(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache):
+    def _qkv_from_latent(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                         rope: RopeTables | None = None):
         """MLA with a cache: append this step's latent and rotated RoPE key to the cache,
         then expand every cached position into per-head keys and values."""
         proj: MLAProjection = self.qkv
@@ -247,7 +256,7 @@ class Attention(nn.Module):
         if self.gate is not None and self.cfg.gate.position == "g4":
             q = self.gate(q, x)
         latent, k_rope = proj.latent(x)  # (B, T, kv_rank), (B, T, 1, rope_dim)
-        cos, sin = self.rotary.cos_sin(positions, q.dtype)
+        cos, sin = self._cos_sin(positions, q.dtype, rope)
         q, k_rope = apply_rope(q, cos, sin), apply_rope(k_rope, cos, sin)
         latent, k_rope = cache.update_latent(latent, k_rope)
         k, v = proj.expand(latent, k_rope)

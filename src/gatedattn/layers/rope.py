@@ -55,7 +55,10 @@ def rope_cos_sin(
     """cos/sin tables of shape (..., T, rot_dim) for integer ``positions`` (..., T)."""
     angles = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)  # (..., T, rot/2)
     angles = torch.cat((angles, angles), dim=-1)
-    return (angles.cos() * mscale).to(dtype), (angles.sin() * mscale).to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    if mscale != 1.0:  # (a product by 1.0 would change nothing)
+        cos, sin = cos * mscale, sin * mscale
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x_BTHD: torch.Tensor, cos_BTR: torch.Tensor, sin_BTR: torch.Tensor) -> torch.Tensor:
@@ -64,10 +67,11 @@ def apply_rope(x_BTHD: torch.Tensor, cos_BTR: torch.Tensor, sin_BTR: torch.Tenso
     if rot == 0:
         return x_BTHD
     cos, sin = cos_BTR[..., None, :], sin_BTR[..., None, :]  # broadcast over heads
-    x_rot, x_pass = x_BTHD[..., :rot], x_BTHD[..., rot:]
+    whole = rot == x_BTHD.shape[-1]  # every channel rotates: no slices (nor their backward copies)
+    x_rot = x_BTHD if whole else x_BTHD[..., :rot]
     x1, x2 = x_rot[..., : rot // 2], x_rot[..., rot // 2 :]
     rotated = x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin
-    return torch.cat((rotated, x_pass), dim=-1) if x_pass.shape[-1] else rotated
+    return rotated if whole else torch.cat((rotated, x_BTHD[..., rot:]), dim=-1)
 
 
 class Rotary(torch.nn.Module):
@@ -75,6 +79,7 @@ class Rotary(torch.nn.Module):
 
     def __init__(self, cfg: RopeConfig, rot_dim: int):
         super().__init__()
+        self.cfg = cfg
         self.rot_dim = rot_dim
         inv_freq, mscale = rope_frequencies(cfg, rot_dim) if rot_dim else (torch.zeros(0), 1.0)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -82,3 +87,26 @@ class Rotary(torch.nn.Module):
 
     def cos_sin(self, positions_BT: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions_BT, self.inv_freq, self.mscale, dtype)
+
+
+class RopeTables:
+    """The cos/sin tables of one forward's ``positions``, computed once and shared by every
+    layer whose RoPE is the same (config, rotated channels, frequency buffer's dtype and
+    device) -- as transformers' Llama computes them once per forward, not per layer. A
+    layer with another RoPE (``Attention.with_rope``) gets its own tables."""
+
+    def __init__(self, positions: torch.Tensor):
+        self.positions = positions
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cos_sin(self, rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rotary.cos_sin(positions, dtype)``, from the shared tables when ``positions``
+        are this forward's."""
+        cfg = getattr(rotary, "cfg", None)
+        if positions is not self.positions or not isinstance(cfg, RopeConfig):
+            return rotary.cos_sin(positions, dtype)
+        key = (type(rotary), cfg, rotary.rot_dim, rotary.inv_freq.dtype, rotary.inv_freq.device, rotary.mscale, dtype)
+        tables = self._tables.get(key)
+        if tables is None:
+            tables = self._tables[key] = rotary.cos_sin(positions, dtype)
+        return tables

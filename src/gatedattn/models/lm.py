@@ -33,6 +33,7 @@ from gatedattn.layers.gates import Gate
 from gatedattn.infra.integrity import atomic_model_dir, record as record_checksum, verify_file
 from gatedattn.infra.io import atomic_write_json, read_json_object
 from gatedattn.layers.norm import RMSNorm
+from gatedattn.layers.rope import RopeTables
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.layers.variants import get_variant
 from gatedattn.models.shards import read_weights, write_weights
@@ -175,8 +176,9 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(cfg)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
 
-    def forward(self, x, positions=None, cache: KVCache | None = None, key_mask: torch.Tensor | None = None):
-        x = x + self.attn(self.attn_norm(x), positions=positions, cache=cache, key_mask=key_mask)
+    def forward(self, x, positions=None, cache: KVCache | None = None, key_mask: torch.Tensor | None = None,
+                rope: RopeTables | None = None):
+        x = x + self.attn(self.attn_norm(x), positions=positions, cache=cache, key_mask=key_mask, rope=rope)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -299,30 +301,44 @@ class GatedLM(nn.Module):
                 f"{self.cfg.max_seq_len}); a model with position_embedding='learned' cannot extrapolate")
         return positions
 
-    def new_cache(self) -> list[KVCache]:
-        return [KVCache() for _ in self.blocks]
+    def new_cache(self, capacity: int | None = None) -> list[KVCache]:
+        """One empty ``KVCache`` per layer; ``capacity`` (the positions a decoding will
+        reach) lets each write its steps in place instead of growing by concatenation."""
+        return [KVCache(capacity) for _ in self.blocks]
 
     def forward(self, ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                 caches: list[KVCache] | None = None, *, attention_mask: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                inputs_embeds: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits (B, T, V) of token ``ids`` (B, T) or of ``inputs_embeds`` (B, T, d_model).
         ``attention_mask`` (B, past + T): 1 for tokens, 0 for padding; ``positions`` (T,) or
         (B, T) default to ``cumsum(attention_mask) - 1`` for a padded batch, else to
-        ``past + arange(T)``; ``caches`` one ``KVCache`` per layer (``new_cache()``)."""
+        ``past + arange(T)``; ``caches`` one ``KVCache`` per layer (``new_cache()``);
+        ``logits_to_keep`` N > 0: the logits of the last N positions only (B, N, V), as in
+        transformers (decoding reads the last position's)."""
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise GatedAttnError(f"logits_to_keep={logits_to_keep!r} must be an int >= 0 (0: every position)")
         B, T = self._check_input(ids, caches, inputs_embeds)
         seen = caches[0].length if caches is not None else 0
         key_mask = self._key_mask(attention_mask, B, seen, T)
         if positions is None and key_mask is not None:
             positions = (key_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:]
+        if positions is None:
+            positions = torch.arange(seen, seen + T, device=(ids if ids is not None else inputs_embeds).device)
+        if positions.dim() == 1:
+            positions = positions[None]  # (1, T)
+        rope = RopeTables(positions)  # cos/sin once for every layer
         x = self.embed(ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         if self.pos_embed is not None:
             x = x + self.pos_embed(self._absolute_positions(x[..., 0], positions, caches))
         every = self.checkpoint_every if (self.training and torch.is_grad_enabled() and caches is None) else 0
         for i, block in enumerate(self.blocks):
             if every and i % every == 0:
-                x = self._checkpoint_fn(block, x, positions, None, key_mask)
+                x = self._checkpoint_fn(block, x, positions, None, key_mask, rope)
             else:
-                x = block(x, positions=positions, cache=caches[i] if caches is not None else None, key_mask=key_mask)
+                x = block(x, positions=positions, cache=caches[i] if caches is not None else None, key_mask=key_mask,
+                          rope=rope)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
         return self.lm_head(self.norm(x))
 
     # ------------------------------------------------------------------ transformers-style hooks
@@ -386,11 +402,12 @@ class GatedLM(nn.Module):
                 raise GatedAttnError("generate needs left padding: attention_mask has a 0 in its last column")
         was_training = self.training
         self.eval()
-        caches = self.new_cache() if use_cache else None
+        caches = self.new_cache(ids.shape[1] + max_new_tokens) if use_cache else None
         out, step_input, mask = ids, ids, attention_mask
         finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         for _ in range(max_new_tokens):
-            logits = self(step_input if use_cache else out, caches=caches, attention_mask=mask)[:, -1].float()
+            logits = self(step_input if use_cache else out, caches=caches, attention_mask=mask,
+                          logits_to_keep=1)[:, -1].float()
             nxt = _sample(logits, temperature, top_k, generator)
             if eos_token_id is not None:
                 nxt = torch.where(finished, torch.full_like(nxt, eos_token_id), nxt)

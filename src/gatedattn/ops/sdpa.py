@@ -45,6 +45,10 @@ def attention_sdpa(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     if q_offset == 0 and tq == tk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if tq == 1 and q_offset == tk - 1:
+        # one decoding step: the query is the last position and sees every key, so no mask
+        # is built (transformers' decoding passes none either; the kernel's output is the same)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     # Queries after a cached prefix: the causal diagonal is shifted by q_offset.
     mask = causal_mask(tq, tk, q_offset, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
@@ -111,7 +115,7 @@ class _FlashSink(torch.autograd.Function):
         o, lse, aux = kernel.forward(q, k, v, scale) if mask is None else kernel.forward(q, k, v, scale, mask)
         T = q.shape[2]
         b = sink.float().view(1, -1, 1)
-        keep = torch.sigmoid(lse[..., :T] - b)  # 1 - p_sink, (B, H, T)
+        keep = torch.sigmoid(_rows(lse, T) - b)  # 1 - p_sink, (B, H, T)
         # in place on the kernel's fresh output: its (B, T, H, D) memory layout is kept, and
         # the product is taken in float32 and rounded once to o's dtype
         o_sink = o.mul_(keep[..., None])
@@ -129,9 +133,14 @@ class _FlashSink(torch.autograd.Function):
             dq, dk, dv = ctx.kernel.backward(grad_o, q, k, v, o_sink, lse_total, aux, ctx.scale)
         else:
             dq, dk, dv = ctx.kernel.backward(grad_o, q, k, v, o_sink, lse_total, aux, ctx.scale, ctx.mask)
-        p_sink = torch.exp(sink.float().view(1, -1, 1) - lse_total[..., : q.shape[2]])  # sigmoid(b - lse), (B, H, T)
+        p_sink = torch.exp(sink.float().view(1, -1, 1) - _rows(lse_total, q.shape[2]))  # sigmoid(b - lse), (B, H, T)
         d_sink = -(p_sink * (grad_o.float() * o_sink.float()).sum(-1)).sum(dim=(0, 2))  # (H,)
         return dq, dk, dv, d_sink.to(sink.dtype), None, None, None
+
+
+def _rows(lse: torch.Tensor, T: int) -> torch.Tensor:
+    """The first ``T`` rows of a log-sum-exp (B, H, T' >= T) that a kernel may pad."""
+    return lse if lse.shape[-1] == T else lse[..., :T]
 
 
 FUSED_LSE_KERNELS = {"cpu": _CPUFlash, "cuda": _CUDAEfficient}
@@ -171,7 +180,9 @@ def attention_flash_lse(
         if dv > q.shape[-1]:
             pad = dv - q.shape[-1]
             q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))
-    dtype = torch.promote_types(q.dtype, torch.promote_types(k.dtype, v.dtype))
+    dtype = q.dtype
+    if not q.dtype == k.dtype == v.dtype:
+        dtype = torch.promote_types(q.dtype, torch.promote_types(k.dtype, v.dtype))
     q, k, v = (t.to(dtype) if kernel.strided else t.to(dtype).contiguous() for t in (q, k, v))
     if key_mask is None:
         out = _FlashSink.apply(q, k, v, sink, scale, kernel)
@@ -180,4 +191,4 @@ def attention_flash_lse(
         visible = visible_keys(q.shape[2], k.shape[2], 0, key_mask)
         additive = torch.zeros(visible.shape, dtype=dtype, device=q.device).masked_fill_(~visible, float("-inf"))
         out = _FlashSink.apply(q, k, v, sink, scale, kernel, additive)
-    return out[..., :dv]
+    return out if dv == out.shape[-1] else out[..., :dv]
