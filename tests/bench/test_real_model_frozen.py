@@ -1,0 +1,56 @@
+"""The real-model bench's frozen step is the real-model study's: sinks from the start layer up."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gatedattn import ConfigError
+from gatedattn.bench.real_model import STUDY_START_LAYER, _frozen_step, frozen_start_layer, sink_arm
+from gatedattn.infra.precision import resolve_dtype
+from gatedattn.models.lm import GatedLM, ModelConfig
+
+
+class Attended(TorchDispatchMode):
+    """Counts the attention kernels (forward, backward) and the matmuls run in the ``with``."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels = self.backward = self.mm = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.kernels += name == "_scaled_dot_product_flash_attention_for_cpu"
+        self.backward += name == "_scaled_dot_product_flash_attention_for_cpu_backward"
+        self.mm += name == "mm"
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_frozen_step_trains_the_sinks_of_the_upper_layers_only():
+    torch.manual_seed(0)
+    base = GatedLM(ModelConfig.from_preset("micro", vocab_size=50).replace(n_layers=3))
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    model, sinks = sink_arm(base, 1)
+    step = _frozen_step(model, sinks, ids, 1, resolve_dtype("fp32", "cpu"))
+    seen = Attended()
+    with seen:
+        step()
+    # blocks 1 and 2 run forward and backward, block 0 ran once before the steps
+    assert (seen.kernels, seen.backward) == (2, 2)
+    # forward: 7 projections per block and the head; backward: input gradients only (no
+    # weight-gradient matmul), and none into the no-gradient stream entering block 1
+    # through its q, k and v projections
+    assert seen.mm == (7 * 2 + 1) + (7 * 2 + 1 - 3)
+    assert len(sinks) == 2 and all(p.shape == (4,) for p in sinks)
+    assert all(p is model.blocks[i + 1].attn.sink for i, p in enumerate(sinks))
+    assert all(float(p.detach().abs().max()) > 0 for p in sinks)  # moved from 0
+    assert float(model.blocks[0].attn.sink.min()) < -1 and not model.blocks[0].attn.sink.requires_grad
+    assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())  # the base model untouched
+
+
+def test_the_start_layer_is_the_studys_within_the_depth():
+    assert frozen_start_layer(30, None) == STUDY_START_LAYER == 3
+    assert frozen_start_layer(2, None) == 1 and frozen_start_layer(30, 0) == 0
+    for bad in (-1, 30, 1.5, True):
+        with pytest.raises(ConfigError, match="frozen_start"):
+            frozen_start_layer(30, bad)
