@@ -103,5 +103,6 @@ def register(sub) -> None:
     p.add_argument("--real-model", nargs="?", const="", metavar="PATH",
                    help="instead: our GatedLM against transformers' LlamaForCausalLM on the same pretrained weights "
                         "(a .gguf file or a model directory; default the bundled SmolLM2-135M): analysis forward, "
-                        "training step, frozen-model step (learnable sinks only) and greedy decoding, with MFU")
+                        "training step, the real-model study's frozen-model step (learnable sinks from its start "
+                        "layer up) and greedy decoding, with MFU")
     p.set_defaults(func=_run)
