@@ -66,19 +66,22 @@ class KVCache:
         seen = 0 if held is None else held.shape[dim]
         end = seen + new.shape[dim]
         buf = self._buffers.get(name)
-        dtype = new.dtype if held is None or held.dtype == new.dtype else torch.promote_types(held.dtype, new.dtype)
-        if (buf is None or held is None or buf.shape[dim] < end or buf.dtype != dtype or buf.device != new.device
-                or held.data_ptr() != buf.data_ptr()
-                or [n for i, n in enumerate(buf.shape) if i != dim] != [n for i, n in enumerate(new.shape) if i != dim]):
+        if not _fits(buf, held, new, dim, end):
             # a new buffer: the first step, a longer decoding, or a held tensor not (any more) in the buffer
-            size = list(new.shape)
-            size[dim] = max(self.capacity, end, 2 * buf.shape[dim] if buf is not None and held is not None else 0)
-            buf = new.new_empty(size, dtype=dtype)
-            if seen:
-                buf.narrow(dim, 0, seen).copy_(held)
-            self._buffers[name] = buf
+            buf = self._buffers[name] = self._grown(buf, held, new, dim, end)
         buf.narrow(dim, seen, new.shape[dim]).copy_(new)
         return buf.narrow(dim, 0, end)
+
+    def _grown(self, buf: torch.Tensor | None, held: torch.Tensor | None, new: torch.Tensor, dim: int,
+               end: int) -> torch.Tensor:
+        """A buffer for at least ``end`` positions (the capacity, or double the old one)
+        holding ``held``, in the dtype concatenation would give."""
+        size = list(new.shape)
+        size[dim] = max(self.capacity, end, 2 * buf.shape[dim] if buf is not None and held is not None else 0)
+        grown = new.new_empty(size, dtype=_dtype(held, new))
+        if held is not None and held.shape[dim]:
+            grown.narrow(dim, 0, held.shape[dim]).copy_(held)
+        return grown
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the cache holds (for measuring its size)."""
@@ -94,3 +97,18 @@ class KVCache:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
         if self.latent is not None:
             self.latent, self.k_rope = self.latent[:, :length], self.k_rope[:, :length]
+
+
+def _dtype(held: torch.Tensor | None, new: torch.Tensor) -> torch.dtype:
+    if held is None or held.dtype == new.dtype:
+        return new.dtype
+    return torch.promote_types(held.dtype, new.dtype)
+
+
+def _fits(buf: torch.Tensor | None, held: torch.Tensor | None, new: torch.Tensor, dim: int, end: int) -> bool:
+    """Whether ``buf`` starts with ``held`` and takes ``new`` after it as it is."""
+    if buf is None or held is None or held.data_ptr() != buf.data_ptr():
+        return False
+    if buf.shape[dim] < end or buf.dtype != _dtype(held, new) or buf.device != new.device:
+        return False
+    return all(a == b for i, (a, b) in enumerate(zip(buf.shape, new.shape)) if i != dim)
