@@ -689,3 +689,145 @@ def test_save_pretrained_over_a_model_survives_a_failed_write(tmp_path, monkeypa
     assert GatedLM.from_pretrained(target).cfg.variant == "gated"
     new.save_pretrained(target)  # a write that succeeds replaces the model and keeps the tokenizer
     assert GatedLM.from_pretrained(target).cfg.variant == "baseline" and (target / "tokenizer.json").is_file()
+
+
+# ------------------------------------------------------------------------------ a crash at any step of a replace
+class _Crash(BaseException):
+    """Raised by the fault hook where a kill would land."""
+
+
+def _crash_image(monkeypatch, where: Path, image: Path, at: int, *, swap: bool):
+    """A fault hook that, at its ``at``-th call, copies ``where`` (the directory of the output)
+    to ``image`` as a SIGKILL at that moment would leave it (no cleanup runs there, no lock
+    is held), then stops the writer. ``swap``: the one-step exchange, else the two-step rename."""
+    from gatedattn.infra import io
+
+    calls = []
+
+    def hook(point, path):
+        calls.append(point)
+        if len(calls) - 1 == at:
+            shutil.copytree(where, image, symlinks=True)
+            raise _Crash(point)
+
+    monkeypatch.setattr(io, "FAULT_HOOK", hook)
+    if not swap:
+        monkeypatch.setattr(io, "exchange", lambda a, b: False)
+    return calls
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".") and p.name != ".gatedattn.lock")
+
+
+def _writers(data_dir: Path, tmp_path: Path):
+    """(name, write(root, new: bool), load(root) -> a value telling old from new), for every
+    writer that replaces an output: convert, data prepare, export, save_pretrained, checkpoints."""
+    from gatedattn import GatedLM, ModelConfig
+    from gatedattn.hf import export_hf, load_model
+    from gatedattn.hf.cli import convert
+    from gatedattn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+
+    final = _final(data_dir, tmp_path)
+    texts = _texts(tmp_path / "corpus")
+    model = load_model(final)
+    small = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64))
+    other = GatedLM(ModelConfig.from_preset("micro", "baseline", vocab_size=64))
+
+    def saved_dtype(directory: Path) -> str:
+        """Loads the model (verified), then tells the dtype it was saved in."""
+        from safetensors import safe_open
+
+        load_model(directory)
+        with safe_open(directory / "model.safetensors", "pt") as f:
+            return f.get_slice(next(iter(f.keys()))).get_dtype()
+
+    def ckpt(root: Path, new: bool) -> None:
+        step = 2 if new else 1
+        state = {"step": step, "tokens": 0, "losses": [], "optimizer": {}, "rng": ckpt_mod.rng_state()}
+        save_checkpoint(root / "run", step, small.state_dict(), small.cfg, state, {"tokens": 0, "run": {}})
+
+    return [
+        ("convert", lambda root, new: convert(final, root / "out", force=True, dtype="float32" if new else "float16"),
+         lambda root: saved_dtype(root / "out")),
+        ("prepare", lambda root, new: prepare([str(texts)], root / "out", vocab_size=300, seed=int(new),
+                                              overwrite=True, progress=False),
+         lambda root: TokenData(root / "out", verify=True).manifest.seed),
+        ("export", lambda root, new: export_hf(model if new else load_model(final, dtype=torch.float16), root / "out"),
+         lambda root: saved_dtype(root / "out")),
+        ("save_pretrained", lambda root, new: (other if new else small).save_pretrained(root / "out"),
+         lambda root: GatedLM.from_pretrained(root / "out").cfg.variant),
+        ("checkpoint", ckpt, lambda root: load_checkpoint(latest_checkpoint(root / "run"))[1]["step"]),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("swap", [True, False], ids=["exchange", "two-step"])
+def test_a_crash_at_any_step_of_a_replace_keeps_an_output_whole(data_dir, tmp_path, monkeypatch, swap):
+    """For every writer that replaces an output, a kill at each step of the write (each file
+    written, the swap, the rename aside, the rename in) leaves the previous output (or, once
+    it is in place, the new one) loadable; the next run of the writer succeeds and leaves
+    no temporaries beside it."""
+    for name, write, load in _writers(data_dir, tmp_path):
+        root = tmp_path / name
+        root.mkdir()
+        write(root, False)
+        old = load(root)
+        new_value = None
+        for at in range(64):
+            image = tmp_path / f"{name}-crash-{at}"
+            calls = _crash_image(monkeypatch, root, image, at, swap=swap)
+            try:
+                write(root, True)
+            except _Crash:
+                pass
+            else:  # the write passed every fault point: done
+                monkeypatch.undo()
+                new_value = load(root)
+                write(root, False)  # back to the previous output, for the next round's runs
+                break
+            finally:
+                monkeypatch.undo()
+            point = calls[-1]
+            got = load(image)
+            if point in ("replace:swapped", "replace:placed") and name != "checkpoint":  # (its pointer comes last)
+                assert got != old, (name, point)  # the new output is in place and whole
+            else:
+                assert got == old, (name, point)
+            write(image, True)
+            assert load(image) != old, (name, point)
+            out = image / ("run/checkpoints" if name == "checkpoint" else "")
+            assert not _leftovers(out), (name, point, _leftovers(out))
+            shutil.rmtree(image)
+        assert new_value is not None and new_value != old, name
+        assert {"replace:swapped" if swap else "replace:aside"} <= set(calls) or name == "checkpoint", (name, calls)
+        assert load(root) == old and not _leftovers(root)
+
+
+_KILL_BETWEEN_RENAMES = """
+import os, signal, sys
+from gatedattn.infra import io
+io.exchange = lambda a, b: False  # the two-step rename (file systems without RENAME_EXCHANGE)
+io.FAULT_HOOK = lambda point, path: point == "replace:aside" and os.kill(os.getpid(), signal.SIGKILL)
+from gatedattn.cli import main
+main(["convert", "--from", sys.argv[1], "--to", sys.argv[2], "--force", "--dtype", "float16"])
+"""
+
+
+@pytest.mark.slow
+def test_a_sigkill_between_the_renames_of_convert_loses_nothing(data_dir, tmp_path, capsys):
+    """A real SIGKILL between moving the old --to aside and renaming the new one in: the old
+    copy is put back by the next command on the path (a load, or the rerun), never removed."""
+    from gatedattn.hf import load_model
+
+    final, dst = _final(data_dir, tmp_path), tmp_path / "converted"
+    assert main(["convert", "--from", str(final), "--to", str(dst)]) == 0
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.run([sys.executable, "-c", _KILL_BETWEEN_RENAMES, str(final), str(dst)], env=env)
+    assert proc.returncode == -signal.SIGKILL
+    assert not dst.exists() and [p.name for p in tmp_path.iterdir() if p.name.endswith(".old")]
+    load_model(dst)  # the old copy is back
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".old")]
+    assert main(["convert", "--from", str(final), "--to", str(dst), "--force"]) == 0
+    load_model(dst)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the killed run's partial copy too

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from gatedattn.infra.errors import GatedAttnError
-from gatedattn.infra.io import read_json_object
+from gatedattn.infra.io import read_json_object, recover_missing
 
 FORMAT = "gatedattn-tokens"
 FORMAT_VERSION = 1
@@ -184,6 +184,7 @@ class TokenData:
         """``verify``: True checks both streams and the tokenizer; a tuple of split names
         (``("val",)``) checks those streams and the tokenizer."""
         self.data_dir = Path(data_dir)
+        recover_missing(self.data_dir)  # a killed replace's previous copy is put back first
         if not self.data_dir.is_dir():
             raise GatedAttnError(f"data directory not found: {self.data_dir}")
         self.manifest = Manifest.load(self.data_dir / MANIFEST_FILE)

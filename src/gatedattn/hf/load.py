@@ -467,8 +467,10 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
     ``GatedLM`` (float32 unless ``dtype``), verified first (:func:`verify_model_dir`); weights
     that are not floating point or hold NaN or infinity are refused, as is a model too large
     for the device's memory."""
+    from gatedattn.infra.io import recover_missing
     from gatedattn.infra.sizes import check_model_size
 
+    recover_missing(directory)  # a killed replace's previous copy is put back first
     gguf = _gguf(directory)
     if gguf is not None:
         from gatedattn.hf.gguf import load_gguf

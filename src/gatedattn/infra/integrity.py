@@ -192,14 +192,30 @@ def atomic_save_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Te
     and (``finite``, all but a diverged run's last checkpoint) NaN or infinity."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     check_finite(tensors, path) if finite else check_dtypes(tensors, path)
-    path = atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    path = atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), size=tensor_bytes(tensors))
     record(path)
     return path
 
 
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in ``obj`` (nested dicts, lists and tuples): a lower bound
+    on the size of a file holding it, known before it is written."""
+    stack, total = [obj], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            total += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
-    """``torch.save`` atomically, entered in its directory's ``checksums.json``."""
-    path = atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    """``torch.save`` atomically, entered in its directory's ``checksums.json``; the free
+    space is checked first, and a full disk is one line naming the file."""
+    path = atomic_write(path, lambda tmp: torch.save(obj, tmp), size=tensor_bytes(obj))
     record(path)
     return path
 

@@ -4,16 +4,20 @@ depth limit and one policy for non-finite numbers, the JSON-lines reader, output
 may not overlap inputs, per-directory locks, and signals turned into one-line errors.
 
 Temporaries are named ``.NAME.<random>.tmp`` (files and directories beside ``NAME``) and
-``.NAME.<random>.old`` (a directory moved aside while its replacement is renamed in). A
-temporary directory is held with ``flock`` by the process that made it, so the next run
-removes those of a killed process (:func:`remove_stale_temporaries`) and never those of
-a live one.
+``.NAME.<random>.old`` (a directory moved aside while its replacement is renamed in, where
+the platform cannot swap two directories in one step). A temporary directory is held with
+``flock`` by the process that made it, so the next run removes those of a killed process
+(:func:`remove_stale_temporaries`) and never those of a live one; a ``.old`` left by a
+killed replace is put back when its target is missing (:func:`recover_replaced`), so a
+crash at any moment leaves either the old or the new output in place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import hashlib
 import fcntl
 import json
 import math
@@ -21,6 +25,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -49,30 +54,103 @@ def public_mode(path: str | os.PathLike, *, directory: bool = False) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+# A test's fault injection: called as ``FAULT_HOOK(point, path)`` at each step of a write
+# (``"write"`` after a file's bytes are written, ``"replace:ready"``, ``"replace:swapped"``,
+# ``"replace:aside"``, ``"replace:placed"`` during a directory replace); None in normal use.
+FAULT_HOOK: Callable[[str, Path], None] | None = None
+
+
+def _fault(point: str, path: Path) -> None:
+    if FAULT_HOOK is not None:
+        FAULT_HOOK(point, path)
+
+
+NAME_MAX = 255
+_RANDOM_PART = 40  # what mkstemp/mkdtemp add around a temporary's prefix (dots, 8 random characters, suffix), with room
+
+
+def temp_prefix(name: str) -> str:
+    """The prefix of the temporaries of an entry ``name``: ``.NAME.``, or, for a name so long
+    that the temporary's would pass the file system's 255-byte limit, a shortened one that
+    still names it alone (the start of the name and a hash of all of it)."""
+    if len(os.fsencode(name)) + _RANDOM_PART <= NAME_MAX:
+        return f".{name}."
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    keep = os.fsencode(name)[:NAME_MAX - _RANDOM_PART - 14].decode("utf-8", "ignore")
+    return f".{keep}~{digest}."
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` reports a full disk or quota: ``OSError`` ENOSPC/EDQUOT, or the text
+    PyTorch's and the tokenizers library's writers give it."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    return "No space left on device" in text or "os error 28" in text or "file write failed" in text
+
+
+def disk_full_error(path: str | os.PathLike, need: int | None = None) -> GatedAttnError:
+    """The one line for a write that found the disk full: the file, the bytes it needs
+    (when known) and those free."""
+    path = Path(path)
+    free = free_bytes(path)
+    needs = f"needs {need:,} bytes, " if need is not None else ""
+    return GatedAttnError(f"{path}: the disk is full ({needs}{free:,} bytes free there); nothing was replaced: "
+                          f"free space and run the same command again")
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Free bytes (for an unprivileged user) on the file system of ``path``'s nearest existing parent."""
+    p = Path(os.path.abspath(os.fspath(path)))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return int(shutil.disk_usage(p).free)
+    except OSError:
+        return 1 << 62
+
+
+FREE_MARGIN = 1 << 20  # room kept for the manifests and pointers written after a large file
+
+
+def check_free_space(path: str | os.PathLike, need: int) -> None:
+    """Refuse, before writing, a write of ``need`` bytes at ``path`` that the disk cannot
+    hold (with :data:`FREE_MARGIN` to spare): one line naming the file and the bytes."""
+    if need + FREE_MARGIN > free_bytes(path):
+        raise disk_full_error(path, need + FREE_MARGIN)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None], *, size: int | None = None) -> Path:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then
     rename it over ``path``. On any error the temporary file is removed, and an
-    ``OSError`` names ``path`` (not the temporary)."""
+    ``OSError`` names ``path`` (not the temporary); a full disk (also as PyTorch's and
+    the tokenizers library's own errors) is one line naming ``path`` and, given ``size``
+    (checked against the free space first), the bytes needed."""
     path = Path(path)
+    if size is not None:
+        check_free_space(path, size)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path.name), suffix=".tmp")
     except OSError as e:
+        if is_disk_full(e):
+            raise disk_full_error(path, size) from None
         raise GatedAttnError(f"{path}: cannot be written ({e.strerror or type(e).__name__})") from None
     os.close(fd)
     try:
         write(tmp)
+        _fault("write", path)
         public_mode(tmp)  # after writing: a writer that recreates the file (safetensors) makes it private again
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise GatedAttnError(f"{path}: cannot be written ({e.strerror or type(e).__name__})") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if isinstance(e, Exception) and is_disk_full(e):
+            raise disk_full_error(path, size) from None
+        if isinstance(e, OSError):
+            raise GatedAttnError(f"{path}: cannot be written ({e.strerror or type(e).__name__})") from None
         raise
     return path
 
@@ -169,12 +247,18 @@ def temp_dir_beside(target: str | os.PathLike) -> Path:
     """A new, empty hidden directory ``.NAME.<random>.tmp`` next to ``target`` (same
     filesystem, so a rename into place is atomic), with the permissions of a new
     directory, held (``flock``) by this process until :func:`replace_dir` renames it or
-    :func:`discard_dir` removes it. Temporaries of ``target`` left by a killed process
-    are removed first."""
+    :func:`discard_dir` removes it. What a killed process left beside ``target`` is
+    dealt with first: a half-done replace is finished or undone
+    (:func:`recover_replaced`), its temporaries removed."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full_error(target) from None
+        raise
     public_mode(tmp, directory=True)
     with _HELD_LOCK:
         _HELD[str(tmp)] = _hold(tmp)
@@ -188,9 +272,12 @@ def discard_dir(tmp: str | os.PathLike) -> None:
 
 
 def temporaries_of(target: str | os.PathLike) -> list[Path]:
-    """The ``.NAME.<random>.tmp`` / ``.old`` entries beside ``target``, by the project's own naming."""
+    """The ``.NAME.<random>.tmp`` / ``.old`` entries beside ``target``, by the project's own
+    naming, nested ones included (``..NAME.<random>.tmp.<random>.tmp``: the temporary of a
+    writer that itself writes through a temporary)."""
     target = Path(target)
-    pattern = re.compile(r"^\." + re.escape(target.name) + r"\.[A-Za-z0-9_]+\.(tmp|old)$")
+    prefix = temp_prefix(target.name)
+    pattern = re.compile(r"^\.*" + re.escape(prefix) + r"[A-Za-z0-9_]+\.(tmp|old)(\.[A-Za-z0-9_]+\.(tmp|old))*$")
     try:
         entries = list(target.parent.iterdir())
     except OSError:
@@ -198,17 +285,71 @@ def temporaries_of(target: str | os.PathLike) -> list[Path]:
     return [p for p in entries if pattern.match(p.name)]
 
 
+def _fsync_dir(directory: str | os.PathLike) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | os.PathLike) -> None:
+    """fsync every regular file and directory under ``root`` (links are not followed), so
+    that what is renamed into place is on the disk before the old copy goes."""
+    for here, dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(here, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _fsync_dir(here)
+
+
+def recover_replaced(target: str | os.PathLike) -> bool:
+    """Finish what a replace killed half-way (where the platform has no one-step swap)
+    left beside ``target``: a ``.NAME.<random>.old`` holding the previous output is renamed
+    back when ``target`` is missing, and removed when ``target`` is in place (a rename puts
+    a whole directory there). One that a live process holds is left alone. Returns whether
+    ``target`` was restored."""
+    target = Path(target)
+    restored = False
+    for p in temporaries_of(target):
+        if not p.name.endswith(".old") or p.is_symlink() or not p.is_dir():
+            continue
+        try:
+            fd = _hold(p)
+        except OSError:  # held: a live replace is under way
+            continue
+        try:
+            old = p / "dir"
+            if not (target.exists() or target.is_symlink()) and (old.exists() or old.is_symlink()):
+                os.rename(old, target)
+                _fsync_dir(target.parent)
+                restored = True
+            shutil.rmtree(p, ignore_errors=True)
+        finally:
+            os.close(fd)
+    return restored
+
+
 def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
     """Remove the temporary directories (and files) beside ``target`` that no live process
-    holds: what a killed ``data prepare``, ``convert`` or training run left. A directory
-    another process is filling is left alone. Returns what was removed."""
+    holds: what a killed ``data prepare``, ``convert`` or training run left, after putting
+    back a previous output that a killed replace had moved aside
+    (:func:`recover_replaced`). A directory another process is filling is left alone.
+    Returns what was removed."""
+    recover_replaced(target)
     removed = []
     for p in temporaries_of(target):
+        if p.name.endswith(".old"):
+            continue  # a live replace's (recover_replaced dealt with the others)
         if p.is_symlink() or not p.is_dir():
-            if p.name.endswith(".tmp"):  # an atomic file write's temporary: its writer is gone or done
-                with contextlib.suppress(OSError):
-                    p.unlink()
-                    removed.append(p)
+            with contextlib.suppress(OSError):  # an atomic file write's temporary: its writer is gone or done
+                p.unlink()
+                removed.append(p)
             continue
         try:
             fd = _hold(p)
@@ -222,25 +363,77 @@ def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
     return removed
 
 
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _libc_renameat2() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _libc_renameat2() if os.uname().sysname == "Linux" else None
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap the entries ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``);
+    False where the platform or file system cannot (the caller then renames in two steps)."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(os.fspath(a)), _AT_FDCWD, os.fsencode(os.fspath(b)), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))
+
+
 def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Rename the finished directory ``new`` to ``target``. An existing ``target`` is
-    moved aside first, put back if the rename fails, and removed after it succeeds."""
+    """Put the finished directory ``new`` at ``target``, its files on the disk first. An
+    existing ``target`` is swapped with ``new`` in one step (:func:`exchange`) and then
+    removed; where that is unavailable it is moved aside into a held
+    ``.NAME.<random>.old``, put back if the rename fails, and removed only once ``new`` is
+    in place and synced (a kill in between leaves the ``.old``, which
+    :func:`recover_replaced` puts back or removes)."""
     new, target = Path(new), Path(target)
     try:
-        if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        fsync_tree(new)
+        _fault("replace:ready", target)
+        if not target.exists() or (target.is_dir() and not target.is_symlink() and not any(target.iterdir())):
             os.replace(new, target)
+            _fsync_dir(target.parent)
             return
-        aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old"))
+        if exchange(new, target):
+            _fsync_dir(target.parent)
+            _fault("replace:swapped", target)
+            _release(new)
+            shutil.rmtree(new, ignore_errors=True)  # the previous output, now at the temporary's name
+            return
+        aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".old"))
         held = _hold(aside)  # so that no other run takes it for a killed run's debris
         try:
             os.replace(target, aside / "dir")
+            _fsync_dir(target.parent)
             try:
+                _fault("replace:aside", target)
                 os.replace(new, target)
+                _fsync_dir(target.parent)
             except BaseException:
                 os.replace(aside / "dir", target)
                 raise
-        finally:
+            _fault("replace:placed", target)
             shutil.rmtree(aside, ignore_errors=True)
+        except BaseException:
+            if not (aside / "dir").exists():
+                shutil.rmtree(aside, ignore_errors=True)
+            raise
+        finally:
             os.close(held)
     finally:
         _release(new)
@@ -264,6 +457,17 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
 
 
 # ---------------------------------------------------------------------------- outputs and inputs
+def recover_missing(path: str | os.PathLike) -> None:
+    """Before ``path`` is read or written: if it is missing, put back the previous version a
+    killed replace left moved aside (:func:`recover_replaced`). Cheap when ``path`` exists."""
+    if os.fspath(path) == "":
+        return
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        with contextlib.suppress(OSError):
+            recover_replaced(path)
+
+
 def _resolved(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(os.path.abspath(os.fspath(path))))
 
@@ -271,11 +475,13 @@ def _resolved(path: str | os.PathLike) -> Path:
 def check_no_overlap(out: str | os.PathLike, what: str, inputs: Iterable[tuple[str, str | os.PathLike]]) -> None:
     """Refuse an output ``out`` (option ``what``) that is, contains or lies inside one of
     ``inputs`` (``(option, path)`` pairs), symlinks resolved: replacing it would delete
-    the input."""
+    the input. A previous output or input that a killed replace left moved aside is put
+    back first (:func:`recover_replaced`)."""
+    inputs = [(flag, path) for flag, path in inputs if path is not None]
+    for path in (out, *(p for _, p in inputs)):
+        recover_missing(path)
     o = _resolved(out)
     for flag, path in inputs:
-        if path is None:
-            continue
         i = _resolved(path)
         if o == i:
             relation = "is"
@@ -430,6 +636,7 @@ def check_writable(path: str | os.PathLike, what: str, *, kind: str = "file", re
     if os.fspath(path) == "":
         raise GatedAttnError(f"{what}: an empty path; give a path")
     path = Path(path)
+    recover_missing(path)
     if path.exists() or path.is_symlink():
         if kind == "file" and path.is_dir():
             raise GatedAttnError(f"{what} {path} is a directory; give a file name")

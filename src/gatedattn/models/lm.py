@@ -31,7 +31,7 @@ from gatedattn.layers.config import AttentionConfig, RopeConfig
 from gatedattn.infra.errors import ConfigError, GatedAttnError, check_types
 from gatedattn.layers.gates import Gate
 from gatedattn.infra.integrity import atomic_model_dir, record as record_checksum, verify_file
-from gatedattn.infra.io import atomic_write_json, read_json_object
+from gatedattn.infra.io import atomic_write_json, read_json_object, recover_missing
 from gatedattn.layers.norm import RMSNorm
 from gatedattn.layers.rope import RopeTables
 from gatedattn.infra.settings import build, check_options, option
@@ -472,6 +472,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generat
 
 
 def load_model_config(directory: Path) -> ModelConfig:
+    recover_missing(directory)  # a killed replace's previous copy is put back first
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise GatedAttnError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")

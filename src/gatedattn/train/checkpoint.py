@@ -28,8 +28,10 @@ import numpy as np
 import torch
 
 from gatedattn.infra.errors import GatedAttnError
-from gatedattn.infra.integrity import atomic_save_safetensors, atomic_torch_save, check_dtypes, read_verified, record
-from gatedattn.infra.io import atomic_dir, atomic_write_json, atomic_write_text, loads_json
+from gatedattn.infra.integrity import (atomic_save_safetensors, atomic_torch_save, check_dtypes, read_verified, record,
+                                       tensor_bytes)
+from gatedattn.infra.io import (atomic_dir, atomic_write_json, atomic_write_text, check_free_space, loads_json,
+                                remove_stale_temporaries)
 from gatedattn.models.lm import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
 
 CKPT_DIR = "checkpoints"
@@ -87,10 +89,12 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
     (0: all)."""
     ckpts = Path(run_dir) / CKPT_DIR
     target = ckpts / step_dir_name(step)
+    check_free_space(target, tensor_bytes(model_state) + tensor_bytes(trainer_state))  # before anything is written
     with atomic_dir(target) as tmp:
         write_model_dir(tmp, model_state, model_cfg, finite=False)  # a diverged run's last state resumes
         atomic_torch_save(tmp / STATE_FILE, {"format": STATE_FORMAT, **trainer_state})
         record(atomic_write_json(tmp / INFO_FILE, {"step": step, **info}))
+    remove_stale_temporaries(ckpts / LATEST)  # a killed run's half-written pointer (the run is locked)
     atomic_write_text(ckpts / LATEST, target.name + "\n")
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
