@@ -98,10 +98,27 @@ def fx(tmp_path_factory) -> dict[str, Path]:
     (nonempty / "keep").write_text("x")
     f.update(bad_w=bad_w, inf_w=inf_w, bad_cfg=bad_cfg, one_tok=one_tok, file=root / "a_file",
              png=root / "existing.png", nonempty=nonempty)
+    f.update(_outputs(root, model, copy))
     f.update(_damaged_models(root, model, copy))
     f.update(_damaged_data(root, data, texts, copy))
     f.update(_damaged_runs(root, run, copy))
     return f
+
+
+def _outputs(root: Path, model: Path, copy) -> dict[str, Path]:
+    """Paths an output may not be: a FIFO, a model directory with a file of the user's, a
+    study directory of the user's own report."""
+    import os
+
+    fifo = root / "a_fifo"
+    os.mkfifo(fifo)
+    user_file = copy(model, "model_with_user_file")
+    (user_file / "notes.md").write_text("mine")
+    foreign = root / "foreign_study"
+    foreign.mkdir()
+    (foreign / "report.md").write_text("my own report")
+    (foreign / "results.json").write_text("{}")
+    return dict(fifo=fifo, model_user_file=user_file, foreign_study=foreign)
 
 
 def _rotate_merges(path: Path) -> None:
@@ -169,6 +186,13 @@ def _damaged_models(root: Path, model: Path, copy) -> dict[str, Path]:
     att = _edit_config(copy(model, "model_attention_str"), lambda c: c.update(attention="gated"), True)
     big = _edit_config(copy(model, "model_vocab_1e12"), lambda c: c.update(vocab_size=10**12), True)
     layers = _edit_config(copy(model, "model_layers_1e12"), lambda c: c.update(n_layers=10**12), False)
+    sizes = {name: _edit_config(copy(model, f"model_{name}"), change, True) for name, change in [
+        ("vocab_5e7", lambda c: c.update(vocab_size=5 * 10**7)),
+        ("layers_1e5", lambda c: c.update(n_layers=10**5)),
+        ("head_dim_1e6", lambda c: c["attention"].update(head_dim=10**6)),
+        ("heads_1e6", lambda c: c["attention"].update(n_heads=10**6, n_kv_heads=10**6)),
+        ("learned_1e12", lambda c: c.update(max_seq_len=10**12, position_embedding="learned")),
+    ]}
     rope = _edit_config(copy(hf, "hf_rope_abc"), lambda c: c["rope_parameters"].update(rope_theta="abc"), False)
     wm = copy(hf, "hf_weight_map_int")
     (wm / "checksums.json").unlink()
@@ -177,7 +201,7 @@ def _damaged_models(root: Path, model: Path, copy) -> dict[str, Path]:
     (wm / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: 5 for n in names}}))
     return dict(hf=hf, hf_flipped=hf_flipped, hf_unlisted=hf_unlisted, hf_inf=hf_inf, hf_int8=hf_int8,
                 model_int32=int32, sums_dir=sums_dir, tok_swapped=tok_swapped, deep_cfg=deep, deep_obj=deep_obj,
-                att_str=att, big_vocab=big, big_layers=layers, rope_abc=rope, wm_int=wm)
+                att_str=att, big_vocab=big, big_layers=layers, rope_abc=rope, wm_int=wm, **sizes)
 
 
 def _damaged_data(root: Path, data: Path, texts: Path, copy) -> dict[str, Path]:
@@ -398,6 +422,16 @@ def analysis_cases(f):
         ("analyze hf config unlisted", ["analyze", "--model", str(f["hf_unlisted"]), "--data", d]),
         ("analyze hf inf", ["analyze", "--model", str(f["hf_inf"]), "--data", d]),
         ("extrapolate hf int8", ["extrapolate", "--model", str(f["hf_int8"]), "--data", d]),
+        # a file output over an input, a file of another output, or a special file
+        ("analyze out is the model's config.json", [*an, "--out", str(f["model"] / "config.json")]),
+        ("analyze out is the data manifest", [*an, "--out", str(f["data"] / "manifest.json")]),
+        ("analyze out is the model dir", [*an, "--out", m]),
+        ("extrapolate plot is the model's weights", [*ex, "--plot", str(f["model"] / "model.safetensors")]),
+        ("extrapolate out is the data's train.bin", [*ex, "--out", str(f["data"] / "train.bin")]),
+        ("analyze out is a FIFO", [*an, "--out", str(f["fifo"])]),
+        ("extrapolate plot is a FIFO", [*ex, "--plot", str(f["fifo"])]),
+        ("analyze out is another model's checksums.json", [*an, "--out", str(f["hf"] / "checksums.json")]),
+        ("analyze out is a run's config.json", [*an, "--out", str(f["run"] / "config.json")]),
     ]
     return cases
 
@@ -437,6 +471,11 @@ def hf_cases(f):
         ("convert to inside from", ["convert", "--from", m, "--to", str(f["model"] / "sub")]),
         ("convert --force over a non-output", ["convert", "--from", m, "--to", str(f["nonempty"]), "--force"]),
         ("convert to ''", ["convert", "--from", m, "--to", ""]),
+        ("convert --force over a checkpoint", ["convert", "--from", str(f["hf"]), "--to",
+                                               str(sorted((f["run"] / "checkpoints").glob("step_*"))[-1]), "--force"]),
+        ("convert --force over a run's final", ["convert", "--from", str(f["hf"]), "--to", m, "--force"]),
+        ("convert --force over a model with a user's file", ["convert", "--from", m, "--to",
+                                                             str(f["model_user_file"]), "--force"]),
         ("generate temperature 1e-50", [*gen, "--temperature", "1e-50"]),
         ("generate temperature 1e300", [*gen, "--temperature", "1e300"]),
         ("generate device meta", [*gen, "--device", "meta"]),
@@ -446,7 +485,8 @@ def hf_cases(f):
                             *(["--prompt", "the"] if cmd == "generate" else ["--to", to])])
          for cmd in ("generate", "convert")
          for name in ("hf_flipped", "hf_unlisted", "hf_inf", "hf_int8", "model_int32", "sums_dir", "tok_swapped",
-                      "deep_cfg", "deep_obj", "att_str", "big_vocab", "big_layers", "rope_abc", "wm_int")]
+                      "deep_cfg", "deep_obj", "att_str", "big_vocab", "big_layers", "rope_abc", "wm_int",
+                      "vocab_5e7", "layers_1e5", "head_dim_1e6", "heads_1e6", "learned_1e12")]
 
 
 def reproduce_cases(f):
@@ -467,6 +507,8 @@ def reproduce_cases(f):
         ("reproduce bad multiples", [*base, "--multiples", "x"]),
         ("reproduce bad study", [*base, "--study", "everything"]),
         ("reproduce bad set value", [*base, "--set", "train.lr=-1"]),
+        ("reproduce out holds the user's report", ["reproduce", "--quick", "--data", d, "--out",
+                                                   str(f["foreign_study"])]),
     ]
 
 
@@ -475,7 +517,12 @@ def misc_cases(f):
         ("unknown command", ["frobnicate"]),
         ("no command", []),
         ("variants bad option", ["variants", "--bogus"]),
+        ("variants d-model 1e12", ["variants", "--d-model", str(10**12)]),
+        ("variants heads 1e9", ["variants", "--n-heads", str(10**9)]),
+        ("variants seq-len 0", ["variants", "--seq-len", "0"]),
         ("bench out under a file", ["bench", "--quick", "--out", str(f["file"] / "bench.json")]),
+        ("bench out is a model's tokenizer.json", ["bench", "--quick", "--out", str(f["model"] / "tokenizer.json")]),
+        ("bench out is a FIFO", ["bench", "--quick", "--out", str(f["fifo"])]),
     ]
 
 

@@ -831,3 +831,85 @@ def test_a_sigkill_between_the_renames_of_convert_loses_nothing(data_dir, tmp_pa
     assert main(["convert", "--from", str(final), "--to", str(dst), "--force"]) == 0
     load_model(dst)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the killed run's partial copy too
+
+
+# ------------------------------------------------------------------------------ a full disk
+def _enospc_on(name: str, message: str | None = None):
+    """A write hook raising what a full disk raises when ``name`` is written (``message``:
+    as PyTorch's own writer words it, a RuntimeError)."""
+    import errno
+
+    def hook(point, path):
+        if point == "write" and path.name == name:
+            if message is not None:
+                raise RuntimeError(message)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    return hook
+
+
+@pytest.mark.parametrize("message", [None, "[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
+                                           "failed writing file data/0: file write failed"], ids=["oserror", "torch"])
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_earlier_checkpoint_resumes(data_dir, tmp_path, capsys,
+                                                                                      monkeypatch, message):
+    from gatedattn.infra import io
+
+    run = tmp_path / "run"
+    args = ["train", "--data", str(data_dir), "--out", str(run), *TRAIN_ARGS, "--set", "steps=4",
+            "--set", "ckpt_every=2"]
+    writes = []
+
+    def full_at_second(point, path):
+        if point == "write" and path.name == "trainer_state.pt":
+            writes.append(path)
+            if len(writes) == 2:
+                _enospc_on("trainer_state.pt", message)(point, path)
+
+    monkeypatch.setattr(io, "FAULT_HOOK", full_at_second)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trainer_state.pt: the disk is full" in err[0] and "Traceback" not in err[0], err
+    monkeypatch.undo()
+    assert ckpt_mod.latest_checkpoint(run).name == "step_00000002"  # nothing half-written is taken for a checkpoint
+    assert [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")] == ["step_00000002"]
+    assert main(["train", "--resume", str(run)]) == 0
+    assert ckpt_mod.latest_checkpoint(run).name == "step_00000004"
+
+
+def test_a_checkpoint_too_large_for_the_free_space_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    from gatedattn import GatedLM, ModelConfig
+    from gatedattn.infra import io
+
+    model = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64))
+    state = {"step": 1, "tokens": 0, "losses": [], "optimizer": {}, "rng": ckpt_mod.rng_state()}
+    monkeypatch.setattr(io, "free_bytes", lambda path: 1000)
+    with pytest.raises(GatedAttnError, match=r"step_00000001: the disk is full \(needs [\d,]+ bytes, 1,000 bytes free"):
+        ckpt_mod.save_checkpoint(tmp_path, 1, model.state_dict(), model.cfg, state, {"run": {}})
+    assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_earlier_data(tmp_path, capsys, monkeypatch):
+    from gatedattn.infra import io
+
+    prepare_mod = importlib.import_module("gatedattn.data.prepare")
+    texts, out = _texts(tmp_path), tmp_path / "data"
+    prepare([str(texts)], out, vocab_size=300, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    argv = ["data", "prepare", "-q", "--input", str(texts), "--out", str(out), "--force", "--vocab-size", "300"]
+
+    def tokenizer_disk_full(*a, **k):
+        raise Exception("No space left on device (os error 28)")  # the tokenizers library's own error
+
+    def manifest_disk_full(self, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    for setup in (lambda: monkeypatch.setattr(prepare_mod, "_train_into", tokenizer_disk_full),
+                  lambda: monkeypatch.setattr(prepare_mod.Manifest, "save", manifest_disk_full),
+                  lambda: monkeypatch.setattr(io, "free_bytes", lambda path: 0)):
+        setup()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "the disk is full" in err[0], err
+        monkeypatch.undo()
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "texts"]

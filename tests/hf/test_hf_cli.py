@@ -153,10 +153,14 @@ def test_convert_refuses_and_overwrites_only_with_force(hf_dir, tmp_path, capsys
     code, out, err = run(capsys, "convert", "--from", hf_dir, "--to", target)
     assert code == 2 and "--force" in err and len(err.strip().splitlines()) == 1
     assert (target / "keep.txt").read_text() == "old"
+    code, out, err = run(capsys, "convert", "--from", hf_dir, "--to", target, "--force")
+    assert code == 2 and "'keep.txt', which gatedattn did not write" in err  # a file of the user's is never lost
+    assert (target / "keep.txt").read_text() == "old"
+    (target / "keep.txt").unlink()
     code, out, err = run(capsys, "convert", "--from", hf_dir, "--to", target, "--force", "--variant", "hyga",
                          "--init", "random")
     assert code == 0, err
-    assert not (target / "keep.txt").exists() and load_model(target).cfg.variant == "hyga"
+    assert load_model(target).cfg.variant == "hyga"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 

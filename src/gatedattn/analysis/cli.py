@@ -158,14 +158,19 @@ def _check_same_tokenizer(model_dir: Path, data, force: bool) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output location can be written, before any work."""
-    from gatedattn.infra.io import check_writable
+    from gatedattn.infra.io import check_no_overlap, check_writable
+    from gatedattn.infra.outputs import check_file_output
 
+    texts = getattr(args, "text", None) or []
+    inputs = [("--model", getattr(args, "model", None)), ("--data", getattr(args, "data", None)),
+              *(("--text", t) for t in (texts if isinstance(texts, list) else [texts]))]
     if args.out is not None:
-        check_writable(args.out, "--out")
+        check_file_output(args.out, "--out", inputs)
     if getattr(args, "plots", None) is not None:
         check_writable(args.plots, "--plots", kind="dir")
+        check_no_overlap(args.plots, "--plots", [(f, p) for f, p in inputs if p is not None])
     if getattr(args, "plot", None) is not None:
-        check_writable(args.plot, "--plot")
+        check_file_output(args.plot, "--plot", inputs)
 
 
 def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:

@@ -32,10 +32,11 @@ def _run(args: argparse.Namespace) -> int:
     from gatedattn.bench.config import BenchConfig
     from gatedattn.bench.report import format_markdown
     from gatedattn.bench.runner import run_bench
-    from gatedattn.infra.io import atomic_write_json, check_writable
+    from gatedattn.infra.io import atomic_write_json
+    from gatedattn.infra.outputs import check_file_output
 
-    if args.out is not None:
-        check_writable(args.out, "--out")  # before minutes of timing, not after
+    if args.out is not None:  # before minutes of timing, not after
+        check_file_output(args.out, "--out", [("--real-model", getattr(args, "real_model", None))])
     if args.real_model is not None:
         return _run_real_model(args)
     given = {"device": args.device, "dtype": args.dtype, "compile": args.compile}

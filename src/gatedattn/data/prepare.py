@@ -46,8 +46,9 @@ from tqdm import tqdm
 
 from gatedattn.data.corpus import Document, Source, input_sources
 from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo
-from gatedattn.infra.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, replace_dir,
-                          temp_dir_beside)
+from gatedattn.infra.outputs import check_data_output
+from gatedattn.infra.io import (check_free_space, check_no_overlap, check_replaceable, check_writable,
+                                disk_full_error, discard_dir, is_disk_full, replace_dir, temp_dir_beside)
 from gatedattn.infra.errors import GatedAttnError
 
 BOS_TOKEN = "<|bos|>"
@@ -278,6 +279,8 @@ class _Buckets:
         h = hashlib.sha256()
         n_tokens = 0
         itemsize = self.dtype.itemsize
+        # each bucket is removed once appended: the most the disk must hold beyond now is the largest one
+        check_free_space(path, max((p.stat().st_size for p in self.paths), default=0))
         with open(path, "wb") as out:
             for bucket in self.paths:
                 data = bucket.read_bytes()
@@ -357,6 +360,7 @@ def _check_out_dir(out: Path, overwrite: bool, inputs: Sequence[tuple[str, str |
         if not overwrite:
             raise GatedAttnError(f"--out {out} exists and is not empty; pass --force to replace it")
         check_replaceable(out, "--out", (MANIFEST_FILE,), "data directory")
+        check_data_output(out, "--out")  # and nothing in it that prepare did not write
 
 
 def _move_into_place(tmp: Path, out: Path, overwrite: bool, inputs: Sequence[tuple[str, str | os.PathLike]]) -> None:
@@ -481,8 +485,10 @@ def prepare(
         )
         manifest.save(tmp / MANIFEST_FILE)
         _move_into_place(tmp, out, overwrite, overlap)
-    except BaseException:
+    except BaseException as e:
         discard_dir(tmp)
+        if isinstance(e, Exception) and not isinstance(e, GatedAttnError) and is_disk_full(e):
+            raise disk_full_error(out) from None  # the tokenizer trainer's and numpy's own errors too
         raise
     _log(progress, f"wrote {out}: train {train_info.tokens:,} tokens ({train_info.documents:,} documents), "
                    f"val {val_info.tokens:,} tokens ({val_info.documents:,} documents), vocab {vocab}")

@@ -21,8 +21,9 @@ import torch
 from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.integrity import CHECKSUMS, check_finite, record
-from gatedattn.infra.io import (check_no_overlap, check_replaceable, check_writable, discard_dir, public_mode, replace_dir,
+from gatedattn.infra.io import (check_no_overlap, check_writable, discard_dir, public_mode, replace_dir,
                           temp_dir_beside)
+from gatedattn.infra.outputs import check_model_output
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -227,7 +228,7 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
     if _is_nonempty(dst) and not force:
         raise GatedAttnError(f"--to {dst} exists and is not empty; pass --force to replace it")
     check_writable(dst, "--to", kind="dir")
-    check_replaceable(dst, "--to", (CHECKSUMS,), "model directory")
+    check_model_output(dst, "--to")  # never a checkpoint, a run's final/ or a directory of others' files
     gguf = gguf_file_of(src)
     if gguf is None and not src.is_dir():
         raise GatedAttnError(f"--from {src} is not a directory or a .gguf file (no model there)")

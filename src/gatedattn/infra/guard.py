@@ -7,6 +7,7 @@ directory is created, one writer at a time, and a signal answered with one line.
         reproduce(cfg)
 
 - the budget is checked (finite, at most a week) before anything is created;
+- the directory is new, empty or one the study wrote (``outputs.check_study_output``);
 - the directory is locked (``io.DirLock``): a second ``reproduce --out DIR`` while the
   first runs is refused naming its PID; the kernel drops the lock with the process;
 - SIGINT / SIGTERM outside a training step (planning, analysis, the report) end with one
@@ -19,7 +20,8 @@ import contextlib
 import os
 from typing import Iterator
 
-from gatedattn.infra.io import DirLock, check_writable, interruptible
+from gatedattn.infra.io import DirLock, interruptible
+from gatedattn.infra.outputs import check_study_output, mark_study_output, unmark_study_output
 from gatedattn.infra.sizes import check_budget_minutes
 
 
@@ -29,8 +31,15 @@ def study_output(out_dir: str | os.PathLike, *, budget_minutes: float | None = N
     """Check ``budget_minutes`` and ``out_dir``, then hold ``out_dir``'s lock and turn
     signals into one-line errors while inside."""
     check_budget_minutes(budget_minutes, budget_flag)
-    check_writable(out_dir, "--out", kind="dir")
+    check_study_output(out_dir, command)  # a directory of the user's own files is never written into
     stopped = (f"stopped; the finished runs and analyses in {out_dir} are kept; run the same command again "
                f"to continue")
-    with DirLock(out_dir, f"{command} --out"), interruptible(stopped):
-        yield
+    lock = DirLock(out_dir, f"{command} --out")
+    with lock, interruptible(stopped):
+        mark_study_output(out_dir, command)
+        try:
+            yield
+        except BaseException:
+            if lock.created_dir:
+                unmark_study_output(out_dir)  # nothing written: the directory goes with the lock
+            raise

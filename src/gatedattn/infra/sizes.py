@@ -3,9 +3,12 @@
 A model or batch whose size is a typo (``micro_batch=1e12``, ``n_layers=10**9``, a
 ``config.json`` with ``vocab_size: 10**12``) would otherwise end in an allocation error
 deep inside PyTorch, or in hours of swapping. :func:`model_params` counts a model's
-parameters from its config alone (a lower bound: the embedding, the q/k/v/o projections
-and the SwiGLU MLP, no gates or norms), and the checks refuse a model or a training run
-whose lower-bound memory exceeds the device's total memory, naming the sizes.
+parameters from its config alone (a lower bound: the embedding, a learned position
+table, the q/k/v/o projections and the SwiGLU MLP, no gates or norms), and the checks
+refuse a model or a training run whose lower-bound memory exceeds what the device can
+give (the memory available on the CPU, the total on a GPU), naming the sizes.
+:func:`check_model_limits` bounds each size field first (far beyond any real model), so
+an absurd layer count is refused at once, not after minutes of building layers.
 """
 
 from __future__ import annotations
@@ -31,16 +34,70 @@ def model_params(cfg: Any) -> int:
     attn = 2 * d * heads * hd + 2 * d * kv * hd
     mlp = 3 * d * _int(cfg.ffn_dim)
     embed = _int(cfg.vocab_size) * d * (1 if cfg.tie_embeddings else 2)
-    return embed + _int(cfg.n_layers) * (attn + mlp)
+    positions = _int(cfg.max_seq_len) * d if getattr(cfg, "position_embedding", "none") == "learned" else 0
+    return embed + positions + _int(cfg.n_layers) * (attn + mlp)
+
+
+# Bounds on a model's size fields, far beyond any real model (the largest vocabularies are
+# about 2**18, models about 2**7 layers, heads 2**8, widths 2**15): past them a size is a typo.
+MODEL_LIMITS = {"vocab_size": 1 << 24, "n_layers": 1 << 12, "d_model": 1 << 18, "ffn_dim": 1 << 20,
+                "n_heads": 1 << 14, "n_kv_heads": 1 << 14, "head_dim": 1 << 14}
+MAX_LEARNED_POSITIONS = 1 << 24  # rows of a learned position table (RoPE allocates nothing per position)
+
+
+def check_limit(owner: str, field: str, value: Any, limit: int) -> None:
+    """A ``ConfigError`` naming ``owner.field`` unless ``value`` (an integer, or None) is at most ``limit``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+        from gatedattn.infra.errors import ConfigError
+
+        raise ConfigError(f"{owner}.{field}={value} is too large; allowed: 1 to {limit:,} (2**{limit.bit_length() - 1})")
+
+
+def check_flag_range(flag: str, value: Any, low: int, high: int) -> None:
+    """A command-line size ``value`` (None: not given) is an integer in ``[low, high]``, or a
+    ``GatedAttnError`` naming ``flag``."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise GatedAttnError(f"{flag} {value!r} must be an integer in [{low:,}, {high:,}]")
+
+
+def check_model_limits(cfg: Any) -> None:
+    """Each size field of the ``ModelConfig`` ``cfg`` within :data:`MODEL_LIMITS` (and a
+    learned position table within :data:`MAX_LEARNED_POSITIONS` rows): checked when a config
+    is made or loaded, before anything is allocated."""
+    a = cfg.attention
+    for name in ("vocab_size", "n_layers", "ffn_dim"):
+        check_limit("ModelConfig", name, getattr(cfg, name), MODEL_LIMITS[name])
+    for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
+        check_limit("AttentionConfig", name, getattr(a, name, None), MODEL_LIMITS[name])
+    if getattr(cfg, "position_embedding", "none") == "learned":
+        check_limit("ModelConfig", "max_seq_len", cfg.max_seq_len, MAX_LEARNED_POSITIONS)
+
+
+def available_memory() -> int | None:
+    """The memory the CPU can give now without swapping (``MemAvailable``), where Linux tells."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def device_memory(device: Any = "cpu") -> int:
-    """Total memory of ``device`` in bytes (physical RAM for the CPU)."""
+    """Memory of ``device`` in bytes: the total of a GPU, the available memory of the CPU
+    (physical RAM where that is not known)."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(device).total_memory)
+    available = available_memory()
+    if available is not None:
+        return available
     try:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux/macOS
@@ -52,14 +109,18 @@ def _fmt(n: int) -> str:
 
 
 def check_model_size(cfg: Any, source: Any, device: Any = "cpu", bytes_per_param: int = 4) -> None:
-    """Refuse a model whose weights alone (float32) exceed the device's memory."""
+    """Refuse a model whose size fields pass their bounds (:func:`check_model_limits`) or
+    whose weights alone (float32) exceed the device's memory."""
+    check_model_limits(cfg)
     need = model_params(cfg) * bytes_per_param
     have = device_memory(device)
     if need > have:
         raise GatedAttnError(
             f"{source}: the model (vocab_size={cfg.vocab_size}, n_layers={cfg.n_layers}, "
-            f"d_model={cfg.attention.d_model}, ffn_dim={cfg.ffn_dim}) needs at least {_fmt(need)} for its weights; "
-            f"this {str(device)} has {_fmt(have)}: a size is wrong")
+            f"d_model={cfg.attention.d_model}, ffn_dim={cfg.ffn_dim}, n_heads={cfg.attention.n_heads}, "
+            f"head_dim={cfg.attention.head_dim}, max_seq_len={cfg.max_seq_len} with "
+            f"{getattr(cfg, 'position_embedding', 'none')} positions) needs at least {_fmt(need)} for its weights; "
+            f"this {str(device)} has {_fmt(have)} available: a size is wrong")
 
 
 def training_bytes(cfg: Any, model_cfg: Any, world_size: int = 1) -> dict[str, int]:

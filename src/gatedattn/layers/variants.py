@@ -130,6 +130,14 @@ def _format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _run(args) -> int:
+    from gatedattn.infra.sizes import MODEL_LIMITS, check_flag_range
+
+    for flag, value, high in (("--d-model", args.d_model, MODEL_LIMITS["d_model"]),
+                              ("--n-heads", args.n_heads, MODEL_LIMITS["n_heads"]),
+                              ("--n-kv-heads", args.n_kv_heads, MODEL_LIMITS["n_kv_heads"]),
+                              ("--head-dim", args.head_dim, MODEL_LIMITS["head_dim"]),
+                              ("--seq-len", args.seq_len, 1 << 31)):
+        check_flag_range(flag, value, 1, high)  # before a weight of that size is built
     fields = {"kv": "mla"} if args.kv == "mla" else {}
     rows = variant_costs(args.d_model, args.n_heads, args.n_kv_heads, args.head_dim, args.seq_len, **fields)
     if args.json:

@@ -35,6 +35,7 @@ from gatedattn.infra.io import atomic_write_json, read_json_object, recover_miss
 from gatedattn.layers.norm import RMSNorm
 from gatedattn.layers.rope import RopeTables
 from gatedattn.infra.settings import build, check_options, option
+from gatedattn.infra.sizes import check_model_limits, check_model_size
 from gatedattn.layers.variants import get_variant
 from gatedattn.models.shards import read_weights, write_weights
 
@@ -93,6 +94,7 @@ class ModelConfig:
         if not isinstance(self.attention, AttentionConfig):
             raise ConfigError(f"ModelConfig.attention must be an AttentionConfig, got {type(self.attention).__name__}")
         check_options(self)
+        check_model_limits(self)  # each size field bounded before anything is allocated
         for name in ("bos_token_id", "eos_token_id"):
             tid = getattr(self, name)
             if tid is not None and not 0 <= tid < self.vocab_size:
@@ -188,6 +190,7 @@ class GatedLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        check_model_size(cfg, "GatedLM")  # the weights fit the memory the CPU has, before any is allocated
         self.cfg = cfg
         self.checkpoint_every = 0  # activation checkpointing: see set_activation_checkpointing
         self.gradient_checkpointing = False  # (what transformers reads to see whether it is on)
