@@ -13,6 +13,12 @@ Layout of a run directory's ``checkpoints/``::
 A checkpoint is assembled in a hidden temporary directory and renamed into place; only
 then is ``latest`` replaced (itself atomically). A crash at any moment leaves ``latest``
 pointing at a complete checkpoint.
+
+Each of its three files carries the checkpoint's identity: its step and the sha256 of the
+run identity (config, seed, data fingerprint) in ``checkpoint.json``, in the safetensors
+metadata of the weights and in the trainer state. A resume refuses a checkpoint without
+its ``checksums.json`` and one whose files disagree (another run's or another step's
+weights beside this optimizer state), whatever its manifest says.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ import numpy as np
 import torch
 
 from gatedattn.infra.errors import GatedAttnError
-from gatedattn.infra.integrity import (atomic_save_safetensors, atomic_torch_save, check_dtypes, read_verified, record,
-                                       tensor_bytes)
+from gatedattn.infra.integrity import (CHECKSUMS, atomic_save_safetensors, atomic_torch_save, check_dtypes,
+                                       has_manifest, read_verified, record, tensor_bytes, verify_dir)
 from gatedattn.infra.io import (atomic_dir, atomic_write_json, atomic_write_text, check_free_space, loads_json,
                                 remove_stale_temporaries)
 from gatedattn.models.lm import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
@@ -44,6 +50,69 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+_META = "gatedattn."  # prefix of the identity entries in a checkpoint's safetensors metadata
+
+
+def run_digest(run: Any) -> str:
+    """The sha256 of a run identity (``rundir.run_identity``), as canonical JSON."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _weights_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file (its header only is read)."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return {}
+        (n,) = struct.unpack("<Q", head)
+        if n > 100_000_000:
+            return {}
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            return {}
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _writes_manifests(info: dict[str, Any]) -> bool:
+    """Whether the checkpoint of ``info`` was written by a gatedattn that gives every checkpoint
+    a ``checksums.json``: all but those of the flat, older run config (``run.train.variant``,
+    no ``run.train.model``), which predate manifests and still resume."""
+    train = (info.get("run") or {}).get("train")
+    return "identity" in info or not (isinstance(train, dict) and "model" not in train)
+
+
+def check_identity(ckpt: Path, info: dict[str, Any], state: dict[str, Any]) -> None:
+    """The step and run identity recorded in ``checkpoint.json`` (``info``), in the weights'
+    metadata and in the trainer state agree with one another and with the run identity
+    ``info`` holds; a checkpoint from before identities were recorded has none of them."""
+    recorded = info.get("identity")
+    if recorded is None and "identity" not in state:
+        return
+    expected = {"step": str(info["step"]), "run": run_digest(info.get("run"))}
+    meta = _weights_metadata(ckpt / WEIGHTS_FILE)
+    sources = {f"{INFO_FILE}": recorded, WEIGHTS_FILE: {k: meta.get(f"{_META}{k}") for k in expected},
+               STATE_FILE: state.get("identity")}
+    for where, got in sources.items():
+        got = got if isinstance(got, dict) else {}
+        for key, want in expected.items():
+            if got.get(key) != want:
+                what = "step" if key == "step" else "run identity (config, seed, data)"
+                raise GatedAttnError(f"{ckpt / where}: its {what} is {got.get(key)!r}, the checkpoint's is {want!r}; "
+                                     f"the files of {ckpt.name} come from different runs or steps (resume from an "
+                                     f"earlier checkpoint: remove {ckpt.name})")
+    if str(state.get("step")) != expected["step"]:
+        raise GatedAttnError(f"{ckpt / STATE_FILE}: step {state.get('step')!r} differs from {INFO_FILE}'s "
+                             f"{info['step']}; the checkpoint is damaged")
 
 
 # ---------------------------------------------------------------------------- RNG
@@ -72,13 +141,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- model directories
-def write_model_dir(directory: Path, state: dict[str, torch.Tensor], cfg: ModelConfig, *, finite: bool = True) -> None:
+def write_model_dir(directory: Path, state: dict[str, torch.Tensor], cfg: ModelConfig, *, finite: bool = True,
+                    metadata: dict[str, str] | None = None) -> None:
     """``model.safetensors`` + ``config.json`` in the ``GatedLM.save_pretrained`` format
-    (``finite``: refuse NaN/infinity, as a load would; a diverged run's checkpoint keeps them)."""
+    (``finite``: refuse NaN/infinity, as a load would; a diverged run's checkpoint keeps them;
+    ``metadata``: more safetensors metadata entries)."""
     state = dict(state)
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
-    atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt"}, finite=finite)
+    atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt", **(metadata or {})},
+                            finite=finite)
     record(atomic_write_json(directory / CONFIG_FILE, cfg.to_dict()))
 
 
@@ -90,10 +162,12 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
     ckpts = Path(run_dir) / CKPT_DIR
     target = ckpts / step_dir_name(step)
     check_free_space(target, tensor_bytes(model_state) + tensor_bytes(trainer_state))  # before anything is written
+    identity = {"step": str(step), "run": run_digest(info.get("run"))}
     with atomic_dir(target) as tmp:
-        write_model_dir(tmp, model_state, model_cfg, finite=False)  # a diverged run's last state resumes
-        atomic_torch_save(tmp / STATE_FILE, {"format": STATE_FORMAT, **trainer_state})
-        record(atomic_write_json(tmp / INFO_FILE, {"step": step, **info}))
+        write_model_dir(tmp, model_state, model_cfg, finite=False,  # a diverged run's last state resumes
+                        metadata={f"{_META}{k}": v for k, v in identity.items()})
+        atomic_torch_save(tmp / STATE_FILE, {"format": STATE_FORMAT, **trainer_state, "identity": identity})
+        record(atomic_write_json(tmp / INFO_FILE, {"step": step, **info, "identity": identity}))
     remove_stale_temporaries(ckpts / LATEST)  # a killed run's half-written pointer (the run is locked)
     atomic_write_text(ckpts / LATEST, target.name + "\n")
     if keep > 0:
@@ -166,7 +240,15 @@ RNG_KEYS = ("python", "numpy", "torch")
 
 
 def load_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(model state dict, trainer state) of a checkpoint directory, on the CPU."""
+    """(model state dict, trainer state) of a checkpoint directory, on the CPU: verified
+    against its ``checksums.json`` (required), its files of one run and one step
+    (:func:`check_identity`)."""
+    info = read_info(ckpt)
+    if not has_manifest(ckpt) and _writes_manifests(info):
+        raise GatedAttnError(f"{ckpt} has no {CHECKSUMS}; a checkpoint that cannot be verified is not resumed "
+                             f"(resume from an earlier checkpoint: remove {ckpt.name})")
+    hashed_when_read = (WEIGHTS_FILE, STATE_FILE, INFO_FILE)  # checked as they are read
+    verify_dir(ckpt, required=(*hashed_when_read, CONFIG_FILE), skip=hashed_when_read)
     model_state = read_safetensors(ckpt / WEIGHTS_FILE, finite=False)  # a diverged run's last state resumes
     path = ckpt / STATE_FILE
     if not path.is_file():
@@ -190,4 +272,6 @@ def load_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise GatedAttnError(f"{path}: step {step!r} is not an integer >= 0; the checkpoint is damaged")
     check_dtypes(model_state, ckpt / WEIGHTS_FILE)
+    check_identity(ckpt, info, state)
+    state.pop("identity", None)
     return model_state, state
