@@ -5,6 +5,7 @@ The CLI prints them as one line (no traceback) and exits with status 2.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 
@@ -56,6 +57,25 @@ def check_choice(owner: str, field: str, value, allowed) -> None:
     if value not in allowed:
         choices = ", ".join(repr(a) for a in allowed)
         raise ConfigError(f"{owner}.{field}={value!r} is not allowed; choose one of {choices}")
+
+
+class FrozenConfigError(ConfigError, dataclasses.FrozenInstanceError):
+    """An assignment to a field of a frozen config (still a ``FrozenInstanceError``)."""
+
+
+def refuse_assignment(cls: type) -> type:
+    """Make assigning to (or deleting) a field of the frozen dataclass ``cls`` a
+    ``FrozenConfigError`` naming the field and the way to change it (``dataclasses.replace``)."""
+    def setattr_(self, name, value):
+        raise FrozenConfigError(f"{cls.__name__}.{name} cannot be assigned: the config is frozen; allowed: "
+                                f"dataclasses.replace(config, {name}=...) for a changed copy")
+
+    def delattr_(self, name):
+        raise FrozenConfigError(f"{cls.__name__}.{name} cannot be deleted: the config is frozen")
+
+    cls.__setattr__ = setattr_
+    cls.__delattr__ = delattr_
+    return cls
 
 
 class Interrupted(GatedAttnError):

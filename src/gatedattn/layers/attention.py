@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gatedattn.layers.checks import check_attention_input
 from gatedattn.layers.cache import KVCache
 from gatedattn.layers.config import AttentionConfig, RopeConfig
 from gatedattn.layers.core import AttentionCore
@@ -185,6 +186,7 @@ class Attention(nn.Module):
         key_mask: torch.Tensor | None = None,
         rope: RopeTables | None = None,
     ) -> torch.Tensor:
+        check_attention_input(self.cfg, x, positions, cache, self.o_proj.weight.dtype)  # cheap: shapes and dtypes
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
         if positions is None:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatedattn.infra.errors import check_types, ConfigError, check_choice
+from gatedattn.infra.errors import check_types, ConfigError, check_choice, refuse_assignment
 from gatedattn.infra.settings import build, option
 
 GATE_POSITIONS = ("g1", "g2", "g3", "g4", "g5")
@@ -37,6 +37,7 @@ def _positive(owner: str, name: str, value: int | float, *, allow_zero: bool = F
         raise ConfigError(f"{owner}.{name}={value!r} must be {bound}")
 
 
+@refuse_assignment
 @dataclass(frozen=True)
 class RopeConfig:
     """Rotary position embedding.
@@ -71,6 +72,7 @@ class RopeConfig:
             )
 
 
+@refuse_assignment
 @dataclass(frozen=True)
 class MLAConfig:
     """Multi-head latent attention (DeepSeek-V2): keys and values come from a shared
@@ -91,6 +93,7 @@ class MLAConfig:
         _positive("MLAConfig", "q_rank", self.q_rank, allow_zero=True)
 
 
+@refuse_assignment
 @dataclass(frozen=True)
 class GateConfig:
     """The gates of Gated Attention (Qiu et al. 2025) and HyGA.
@@ -159,6 +162,7 @@ class GateConfig:
             raise ConfigError("GateConfig.combine='add' is an X-gate ablation; HyGA gates need 'multiply'")
 
 
+@refuse_assignment
 @dataclass(frozen=True)
 class AttentionConfig:
     """One causal self-attention variant.

@@ -27,8 +27,9 @@ from torch.utils.checkpoint import checkpoint
 
 from gatedattn.layers.attention import Attention
 from gatedattn.layers.cache import KVCache
+from gatedattn.layers.checks import check_generate_args, check_map_location
 from gatedattn.layers.config import AttentionConfig, RopeConfig
-from gatedattn.infra.errors import ConfigError, GatedAttnError, check_types
+from gatedattn.infra.errors import ConfigError, GatedAttnError, check_types, refuse_assignment
 from gatedattn.layers.gates import Gate
 from gatedattn.infra.integrity import atomic_model_dir, record as record_checksum, verify_file
 from gatedattn.infra.io import atomic_write_json, read_json_object, recover_missing
@@ -59,6 +60,7 @@ SIZE_PRESETS: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
+@refuse_assignment
 @dataclass(frozen=True)
 class ModelConfig:
     """A whole model: vocabulary and depth around one ``AttentionConfig``.
@@ -395,6 +397,7 @@ class GatedLM(nn.Module):
         With ``use_cache`` each step runs one token through the KV cache.
         ``attention_mask`` (B, T) marks left padding with 0 (each row then continues from
         its own last token; every generated token is real)."""
+        check_generate_args(ids, max_new_tokens, temperature, top_k)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
         if temperature < 0:
@@ -452,6 +455,7 @@ class GatedLM(nn.Module):
         """Load a directory written by ``save_pretrained``. Every tensor must be present
         with the right shape; anything else is an error naming the tensor."""
         directory = Path(directory)
+        map_location = check_map_location(map_location)
         cfg = load_model_config(directory)
         model = cls(cfg)
         state = read_weights(directory, map_location)
