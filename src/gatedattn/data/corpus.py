@@ -33,6 +33,7 @@ so a reader holds one document (or one Parquet batch) in memory, never the file.
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import json
 import os
@@ -187,21 +188,62 @@ def _record_files(path: Path) -> list[Path]:
     )
 
 
-def _iter_text_files(path: Path, files: list[Path], on_bytes: OnBytes) -> Iterator[Document]:
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """What tells that a file changed: its size, modification time and inode."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+Stamps = dict  # input file -> its stamp when a source first read it
+
+
+def _unchanged(path: Path, stamps: Stamps) -> None:
+    """Refuse an input file that changed since its source first read it: ``data prepare``
+    reads its inputs more than once (scan, tokenizer training, encoding), and passes over
+    different versions would give a manifest, tokenizer and streams that disagree."""
+    stamp = _stamp(path)
+    seen = stamps.setdefault(str(path), stamp)
+    if seen != stamp:
+        raise GatedAttnError(f"{path} changed while it was being read (size {seen[0]:,} -> {stamp[0]:,} bytes, or "
+                             f"its modification time); prepare reads its inputs more than once: run it again "
+                             f"when the file no longer changes")
+
+
+def _read_whole(path: Path, stamps: Stamps) -> bytes:
+    """The bytes of ``path``, checked unchanged before and after they are read (:func:`_unchanged`)."""
+    _unchanged(path, stamps)
+    data = path.read_bytes()
+    _unchanged(path, stamps)
+    return data
+
+
+def _iter_text_files(path: Path, files: list[Path], on_bytes: OnBytes, stamps: Stamps) -> Iterator[Document]:
     for f in files:
-        data = f.read_bytes()
+        data = _read_whole(f, stamps)
         on_bytes(len(data))
         rel = f.relative_to(path).as_posix()
         yield Document(id=f"{path.as_posix()}/{rel}", text=_decode_utf8(data, f), source=str(path))
 
 
-def _iter_text_file(path: Path, on_bytes: OnBytes) -> Iterator[Document]:
-    data = path.read_bytes()
+def _iter_text_file(path: Path, on_bytes: OnBytes, stamps: Stamps) -> Iterator[Document]:
+    data = _read_whole(path, stamps)
     on_bytes(len(data))
     yield Document(id=path.as_posix(), text=_decode_utf8(data, path), source=str(path))
 
 
-def _iter_jsonl(path: Path, text_field: str, source: str, on_bytes: OnBytes) -> Iterator[Document]:
+def _iter_jsonl(path: Path, text_field: str, source: str, on_bytes: OnBytes,
+                stamps: Stamps) -> Iterator[Document]:
+    yield from _checked(path, _jsonl_records(path, text_field, source, on_bytes), stamps)
+
+
+def _checked(path: Path, documents: Iterator[Document], stamps: Stamps) -> Iterator[Document]:
+    """``documents`` of ``path``, the file checked unchanged before the first and after the last."""
+    _unchanged(path, stamps)
+    yield from documents
+    _unchanged(path, stamps)
+
+
+def _jsonl_records(path: Path, text_field: str, source: str, on_bytes: OnBytes) -> Iterator[Document]:
     offset = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -280,12 +322,19 @@ def _iter_parquet(path: Path, text_field: str, source: str, on_bytes: OnBytes) -
         reported = done
 
 
-def _iter_record_files(path: Path, files: list[Path], text_field: str, on_bytes: OnBytes) -> Iterator[Document]:
+def _iter_record_files(path: Path, files: list[Path], text_field: str, on_bytes: OnBytes,
+                       stamps: Stamps) -> Iterator[Document]:
     for f in files:
         if f.suffix.lower() in PARQUET_SUFFIXES:
-            yield from _iter_parquet(f, text_field, str(path), on_bytes)
+            yield from _checked(f, _iter_parquet(f, text_field, str(path), on_bytes), stamps)
         else:
-            yield from _iter_jsonl(f, text_field, str(path), on_bytes)
+            yield from _iter_jsonl(f, text_field, str(path), on_bytes, stamps)
+
+
+def _special_kind(path: Path) -> str:
+    from gatedattn.infra.outputs import special_kind
+
+    return special_kind(path) or "not a regular file"
 
 
 def _size(files: list[Path]) -> int:
@@ -301,8 +350,20 @@ def input_source(path: str | os.PathLike, *, text_field: str = "text") -> Source
     suffix, no usable files, a Parquet file without the text column) raise here."""
     p = Path(path)
     loc = str(p)
+    stamps: Stamps = {}  # every read of this source checks its files against the first one
     if not p.exists():
+        if p.is_symlink():
+            try:
+                os.stat(p)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise GatedAttnError(f"input {p} is a loop of symbolic links; point it at a file or "
+                                         f"directory") from None
+            raise GatedAttnError(f"input {p} is a broken symbolic link (to {os.readlink(p)})")
         raise GatedAttnError(f"input not found: {p}")
+    if not p.is_dir() and not p.is_file():  # read before anything else: /dev/zero never ends, a FIFO may block
+        raise GatedAttnError(f"input {p} is {_special_kind(p)}, not a regular file; give a file or a directory "
+                             f"(copy a stream to a file first)")
     if p.is_dir():
         records = _record_files(p)
         texts = _text_files(p)
@@ -321,25 +382,28 @@ def input_source(path: str | os.PathLike, *, text_field: str = "text") -> Source
                 if f.suffix.lower() in PARQUET_SUFFIXES:
                     _parquet_file(f, text_field)
             return Source(loc, "records-directory", loc, _size(records),
-                          lambda on_bytes: _iter_record_files(p, records, text_field, on_bytes),
+                          lambda on_bytes: _iter_record_files(p, records, text_field, on_bytes, stamps),
                           f"{p}: no documents (its {len(records)} .parquet/.jsonl files have no non-empty "
                           f"{text_field!r} values)")
         files = texts
         if not files:
             raise GatedAttnError(f"{p}: no .txt, .md, .jsonl or .parquet files in this directory (searched recursively)")
-        return Source(loc, "directory", loc, _size(files), lambda on_bytes: _iter_text_files(p, files, on_bytes),
+        return Source(loc, "directory", loc, _size(files),
+                      lambda on_bytes: _iter_text_files(p, files, on_bytes, stamps),
                       f"{p}: all {len(files)} .txt/.md files are empty")
     suffix = p.suffix.lower()
     size = p.stat().st_size
     if suffix in TEXT_SUFFIXES:
-        return Source(loc, "text-file", loc, size, lambda on_bytes: _iter_text_file(p, on_bytes),
+        return Source(loc, "text-file", loc, size, lambda on_bytes: _iter_text_file(p, on_bytes, stamps),
                       f"{p}: the file is empty")
     empty = f"{p}: no documents (the file has no non-empty {text_field!r} values)"
     if suffix in JSONL_SUFFIXES:
-        return Source(loc, "jsonl", loc, size, lambda on_bytes: _iter_jsonl(p, text_field, loc, on_bytes), empty)
+        return Source(loc, "jsonl", loc, size, lambda on_bytes: _iter_jsonl(p, text_field, loc, on_bytes, stamps),
+                      empty)
     if suffix in PARQUET_SUFFIXES:
         _parquet_file(p, text_field)
-        return Source(loc, "parquet", loc, size, lambda on_bytes: _iter_parquet(p, text_field, loc, on_bytes), empty)
+        return Source(loc, "parquet", loc, size,
+                      lambda on_bytes: _checked(p, _iter_parquet(p, text_field, loc, on_bytes), stamps), empty)
     raise GatedAttnError(
         f"{p}: unsupported input; give a directory, a .txt/.md, .jsonl or .parquet file"
     )
