@@ -99,21 +99,33 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def _interrupt_in(e: BaseException, interrupted: type) -> BaseException | None:
+    """The interrupt (``Interrupted`` or ``KeyboardInterrupt``) behind ``e``, if any: an error
+    raised while handling one (a second Ctrl-C inside an import, a reader that wrapped it)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (interrupted, KeyboardInterrupt)):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _run(args: argparse.Namespace, name: str, interrupted: type, expected: tuple) -> int:
     try:
         return int(args.func(args) or 0)
-    except interrupted as e:
-        print(f"{name}: {_one_line(e)}", file=sys.stderr)
-        return e.status
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
         sys.stderr.close()
         return 0
-    except expected as e:
-        print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
-        return 2
+    except BaseException as e:
+        stop = _interrupt_in(e, interrupted)  # an interrupt that surfaced as another error is still one
+        if stop is not None and not isinstance(e, SystemExit):
+            print(f"{name}: {_one_line(stop) if isinstance(stop, interrupted) else 'interrupted'}", file=sys.stderr)
+            return getattr(stop, "status", 130)
+        if isinstance(e, expected):
+            print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ DEFAULT_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga", "hyga
 REFERENCE = "baseline"  # every ratio is against this variant, measured in the same run
 
 
+MAX_ROUNDS = 10_000  # timed or warm-up rounds per workload: beyond it a count is a typo (it would run for days)
+
+
 @dataclass(frozen=True)
 class Shape:
     """One benchmark shape. The attention layer is ``d_model`` wide with ``n_heads`` query and
@@ -99,8 +102,8 @@ class BenchConfig:
             raise ConfigError("BenchConfig.shapes must be a non-empty tuple of Shape")
         for name, low in (("repeats", 1), ("warmup", 0)):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ConfigError(f"BenchConfig.{name}={v!r} must be an integer >= {low}")
+            if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= MAX_ROUNDS:
+                raise ConfigError(f"BenchConfig.{name}={v!r} must be an integer in [{low}, {MAX_ROUNDS:,}]")
 
     @classmethod
     def quick(cls, **fields) -> "BenchConfig":

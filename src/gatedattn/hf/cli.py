@@ -21,8 +21,8 @@ import torch
 from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.integrity import CHECKSUMS, check_finite, record
-from gatedattn.infra.io import (check_no_overlap, check_writable, discard_dir, public_mode, replace_dir,
-                          temp_dir_beside)
+from gatedattn.infra.io import (argv_text, check_no_overlap, check_writable, discard_dir, public_mode,
+                                replace_dir, temp_dir_beside)
 from gatedattn.infra.outputs import check_model_output
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -100,6 +100,7 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
     from gatedattn.hf.gguf import gguf_file_of
     from gatedattn.hf.load import load_model, verify_model_dir
 
+    prompt = argv_text(prompt)  # UTF-8 bytes that a C locale decoded as surrogates
     _check_sampling(prompt, max_new_tokens, temperature, top_k, seed)
     model_dir = Path(model_dir)
     if not model_dir.is_dir() and gguf_file_of(model_dir) is None:
@@ -109,6 +110,7 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
     tok = _model_tokenizer(model_dir, tokenizer, force)
     model = load_model(model_dir, device=dev)
     cfg = model.cfg
+    tok.encode_special_tokens = True  # as data prepare encodes: "<|eos|>" typed in a prompt is text, not the id
     ids = tok.encode(prompt, add_special_tokens=False).ids
     if cfg.bos_token_id is not None:
         ids = [cfg.bos_token_id] + ids

@@ -20,6 +20,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         raise GatedAttnError(f"device {name!r} is not a device ({e})") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise GatedAttnError(f"device {name!r}: CUDA is not available on this machine")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) is not None
+                                     and torch.backends.mps.is_available()):
+        raise GatedAttnError(f"device {name!r}: MPS (Apple GPUs) is not available on this machine; choose cpu"
+                             + (", cuda" if torch.cuda.is_available() else "") + " or auto")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
     return device

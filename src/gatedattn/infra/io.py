@@ -598,6 +598,18 @@ def interruptible(message: Callable[[str], str] | str) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def argv_text(text: str) -> str:
+    """A command-line argument as the UTF-8 text it is: under a C/POSIX locale Python decodes
+    non-ASCII argument bytes as surrogates (``\udcc3``); they are decoded again as UTF-8
+    (what is not UTF-8 stays as it was, for the caller to refuse)."""
+    if not any("\udc80" <= ch <= "\udcff" for ch in text):
+        return text
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except (UnicodeDecodeError, UnicodeEncodeError):
+        return text
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` with every non-finite float (NaN, ±inf), which JSON cannot hold, as null;
     tuples become lists and keys strings. The one policy for every JSON file written."""

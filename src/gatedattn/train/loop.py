@@ -177,7 +177,9 @@ def _train(cfg: TrainConfig, eval_hook: EvalHook | None, resume: bool, env: D.Di
     lock = rundir.lock_run(out).acquire() if env.is_main else None  # one writer per run directory
     try:
         with interruptible(lambda sig: f"stopped outside a training step; the run's files and checkpoints are "
-                                       f"kept; continue with: gatedattn train --resume {out}"):
+                                       f"kept; continue with: gatedattn train --resume {out}"
+                           if (out / rundir.CONFIG).is_file() else
+                           "stopped before the run wrote anything; run the same command again"):
             trainer = Trainer(cfg, data, env=env, eval_hook=eval_hook, out=out,
                               resume=(plan["model_state"], plan["trainer_state"]) if resumed else None,
                               model=None if resumed else init_model, model_cfg=model_cfg)
