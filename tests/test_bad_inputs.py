@@ -7,6 +7,7 @@ vocabulary, a micro model trained for two steps), so the whole table takes secon
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from gatedattn.cli import main
@@ -112,6 +114,9 @@ def _outputs(root: Path, model: Path, copy) -> dict[str, Path]:
 
     fifo = root / "a_fifo"
     os.mkfifo(fifo)
+    os.mkfifo(root / "fifo.txt")  # an input with a text file's name: never opened (it would block)
+    (root / "loop_a.txt").symlink_to(root / "loop_b.txt")
+    (root / "loop_b.txt").symlink_to(root / "loop_a.txt")
     user_file = copy(model, "model_with_user_file")
     (user_file / "notes.md").write_text("mine")
     foreign = root / "foreign_study"
@@ -242,7 +247,25 @@ def _damaged_runs(root: Path, run: Path, copy) -> dict[str, Path]:
     record(ckpt / "trainer_state.pt")
     deep = copy(run, "run_deep_config")
     (deep / "config.json").write_text("[" * 50000 + "]" * 50000)
-    return dict(run_info_list=info_list, run_state_keys=state_keys, run_deep=deep)
+    no_manifest = copy(run, "run_no_manifest")
+    ckpt = latest_checkpoint(no_manifest)
+    (ckpt / "checksums.json").unlink()
+    _flip(ckpt / "model.safetensors", -3)
+
+    def weights_of(name: str, **identity: str) -> Path:
+        """The latest checkpoint's weights as another run's or step's (metadata changed), manifest re-signed."""
+        d = copy(run, name)
+        path = latest_checkpoint(d) / "model.safetensors"
+        with safe_open(path, "pt") as f:
+            meta = f.metadata()
+        save_file(load_file(path), path, metadata={**meta, **{f"gatedattn.{k}": v for k, v in identity.items()}})
+        record(path)
+        return d
+
+    other_run = weights_of("run_other_seed_weights", run="0" * 64)
+    earlier = weights_of("run_earlier_step_weights", step="1")
+    return dict(run_info_list=info_list, run_state_keys=state_keys, run_deep=deep, run_no_manifest=no_manifest,
+                run_other_weights=other_run, run_earlier_weights=earlier)
 
 
 TRAIN_FAST = ["--preset", "micro", "--set", "seq_len=16", "--set", "micro_batch=2", "--set", "steps=2",
@@ -310,6 +333,9 @@ def train_cases(f):
         ("train --resume state without rng", ["train", "--resume", str(f["run_state_keys"])]),
         ("train --resume deep config.json", ["train", "--resume", str(f["run_deep"])]),
         ("train deep data tokenizer", ["train", "--data", str(f["deep_tok"]), "--out", out, *TRAIN_FAST]),
+        ("train --resume checkpoint without checksums.json", ["train", "--resume", str(f["run_no_manifest"])]),
+        ("train --resume another run's weights", ["train", "--resume", str(f["run_other_weights"])]),
+        ("train --resume an earlier step's weights", ["train", "--resume", str(f["run_earlier_weights"])]),
     ]
     return cases
 
@@ -380,6 +406,9 @@ def data_cases(f):
         ("data info deep manifest", ["data", "info", str(f["deep_manifest"])]),
         ("data info deep tokenizer", ["data", "info", str(f["deep_tok"])]),
         ("prepare deep tokenizer", [*prep, "--tokenizer", str(f["deep_tok"] / "tokenizer.json")]),
+        ("prepare input is a FIFO", ["data", "prepare", "-q", "--input", str(f["root"] / "fifo.txt"), "--out", out]),
+        ("prepare input is a symlink loop", ["data", "prepare", "-q", "--input", str(f["root"] / "loop_a.txt"),
+                                             "--out", out]),
     ]
 
 
@@ -479,6 +508,8 @@ def hf_cases(f):
         ("generate temperature 1e-50", [*gen, "--temperature", "1e-50"]),
         ("generate temperature 1e300", [*gen, "--temperature", "1e300"]),
         ("generate device meta", [*gen, "--device", "meta"]),
+        *([("generate device mps (none here)", [*gen, "--device", "mps"])] if not torch.backends.mps.is_available()
+          else []),
         ("generate prompt not UTF-8", ["generate", "--model", m, "--prompt", "the \udcff gate"]),
         ("generate deep tokenizer", [*gen, "--tokenizer", str(f["deep_tok"] / "tokenizer.json"), "--force"]),
     ] + [(f"{cmd} {name}", [cmd, "--" + ("model" if cmd == "generate" else "from"), str(f[name]),
@@ -523,6 +554,8 @@ def misc_cases(f):
         ("bench out under a file", ["bench", "--quick", "--out", str(f["file"] / "bench.json")]),
         ("bench out is a model's tokenizer.json", ["bench", "--quick", "--out", str(f["model"] / "tokenizer.json")]),
         ("bench out is a FIFO", ["bench", "--quick", "--out", str(f["fifo"])]),
+        ("bench repeats 1e9", ["bench", "--quick", "--repeats", str(10**9)]),
+        ("bench warmup 1e9", ["bench", "--quick", "--warmup", str(10**9)]),
     ]
 
 
@@ -615,6 +648,61 @@ def api_cases(f):
         ("load_model swapped tokenizer", lambda: load_model(f["tok_swapped"])),
         ("export_hf inf weights", lambda: export_hf(inf_model(), f["root"] / "exported")),
         ("export_hf over a file", lambda: export_hf(model, f["file"])),
+        *attention_cases(model),
+        ("generate bool ids", lambda: model.generate(torch.ones(1, 2, dtype=torch.bool), 2)),
+        ("generate uint8 ids", lambda: model.generate(torch.ones(1, 2, dtype=torch.uint8), 2)),
+        ("generate empty prompt", lambda: model.generate(torch.zeros(1, 0, dtype=torch.long), 2)),
+        ("generate top_k 0", lambda: model.generate(torch.zeros(1, 2, dtype=torch.long), 2, top_k=0)),
+        ("generate top_k -1", lambda: model.generate(torch.zeros(1, 2, dtype=torch.long), 2, top_k=-1)),
+        ("generate temperature nan", lambda: model.generate(torch.zeros(1, 2, dtype=torch.long), 2,
+                                                            temperature=float("nan"))),
+        ("from_pretrained map_location meta", lambda: GatedLM.from_pretrained(f["model"], map_location="meta")),
+        ("from_pretrained map_location cuda:99", lambda: GatedLM.from_pretrained(f["model"], map_location="cuda:99")),
+        ("from_pretrained map_location nonsense", lambda: GatedLM.from_pretrained(f["model"], map_location="gpu0")),
+        ("assign to a ModelConfig field", lambda: setattr(model.cfg, "vocab_size", 3)),
+        ("assign to an AttentionConfig field", lambda: setattr(model.cfg.attention, "n_heads", 3)),
+        ("GatedLM vocab_size 5e7", lambda: GatedLM(dataclasses.replace(model.cfg, vocab_size=5 * 10**7))),
+        ("GatedLM n_layers 1e5", lambda: GatedLM(dataclasses.replace(model.cfg, n_layers=10**5))),
+        ("GatedLM learned max_seq_len 1e12", lambda: GatedLM(dataclasses.replace(
+            model.cfg, max_seq_len=10**12, position_embedding="learned"))),
+    ]
+
+
+def attention_cases(model):
+    """Bad input to one attention layer (GQA) and to a reused KV cache (GQA and MLA)."""
+    from gatedattn.layers.attention import Attention
+    from gatedattn.layers.cache import KVCache
+    from gatedattn.layers.variants import get_variant
+
+    attn = model.blocks[0].attn
+    d = attn.cfg.d_model
+    x = torch.zeros(1, 3, d)
+    mla = Attention(dataclasses.replace(get_variant("gated")(d_model=d, n_heads=4), kv="mla"))
+
+    def filled(layer, batch=2, dtype=torch.float32):
+        cache = KVCache()
+        layer.to(dtype)(torch.zeros(batch, 3, d, dtype=dtype), cache=cache)
+        layer.float()
+        return cache
+
+    return [
+        ("Attention wrong width", lambda: attn(torch.zeros(1, 3, d + 1))),
+        ("Attention B 0", lambda: attn(torch.zeros(0, 3, d))),
+        ("Attention T 0", lambda: attn(torch.zeros(1, 0, d))),
+        ("Attention int input", lambda: attn(torch.zeros(1, 3, d, dtype=torch.long))),
+        ("Attention float64 input", lambda: attn(torch.zeros(1, 3, d, dtype=torch.float64))),
+        ("Attention complex input", lambda: attn(torch.zeros(1, 3, d, dtype=torch.complex64))),
+        ("Attention a list", lambda: attn([[0.0] * d] * 3)),
+        ("Attention 2-d input", lambda: attn(torch.zeros(3, d))),
+        ("Attention positions too short", lambda: attn(x, positions=torch.arange(2))),
+        ("Attention float positions", lambda: attn(x, positions=torch.zeros(3))),
+        ("Attention positions of another batch", lambda: attn(x, positions=torch.zeros(2, 3, dtype=torch.long))),
+        ("Attention cache not a KVCache", lambda: attn(x, cache={})),
+        ("KVCache of another batch", lambda: attn(x, cache=filled(attn))),
+        ("KVCache of another dtype", lambda: attn(torch.zeros(2, 1, d), cache=filled(attn, dtype=torch.bfloat16))),
+        ("KVCache of an MLA layer in a GQA one", lambda: attn(torch.zeros(2, 1, d), cache=filled(mla))),
+        ("KVCache of a GQA layer in an MLA one", lambda: mla(torch.zeros(2, 1, d), cache=filled(attn))),
+        ("KVCache of another batch in MLA", lambda: mla(x, cache=filled(mla))),
     ]
 
 

@@ -913,3 +913,93 @@ def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_earlier_data(tmp_p
         monkeypatch.undo()
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
         assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "texts"]
+
+
+def test_an_input_that_changes_between_the_passes_of_prepare_is_refused(tmp_path, capsys, monkeypatch):
+    """prepare reads its inputs three times; a file rewritten or grown in between is refused,
+    and nothing is written."""
+    prepare_mod = importlib.import_module("gatedattn.data.prepare")
+    texts = _texts(tmp_path)
+    train_into = prepare_mod._train_into
+
+    def grow_then_train(*args, **kw):
+        with open(texts / "d0.txt", "a") as f:
+            f.write(" more words appended while the tokenizer trains")
+        return train_into(*args, **kw)
+
+    monkeypatch.setattr(prepare_mod, "_train_into", grow_then_train)
+    code = main(["data", "prepare", "-q", "--input", str(texts), "--out", str(tmp_path / "data"), "--vocab-size", "300"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "d0.txt changed while it was being read" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["texts"]
+
+
+# ------------------------------------------------------------------------------ interrupts and smaller items
+def test_an_interrupt_that_a_reader_wrapped_is_still_an_interrupt(capsys, monkeypatch):
+    """A Ctrl-C that lands inside code turning errors into messages (a tokenizer read, an
+    import hit by a second Ctrl-C) ends as the interrupt: one line, exit 130, not exit 2."""
+    from gatedattn import cli
+
+    def wrapped(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise GatedAttnError("tokenizer.json is not a valid tokenizer.json (KeyboardInterrupt)") from None
+
+    def import_hit(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ImportError("cannot import name 'pyplot' from partially initialized module 'matplotlib'")
+
+    for func in (wrapped, import_hit):
+        monkeypatch.setattr(cli, "build_parser", lambda command: _parser_running(func))
+        assert cli.main(["analyze"]) == 130
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["gatedattn analyze: interrupted"], err
+
+
+def _parser_running(func):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="gatedattn")
+    parser.add_argument("command")
+    parser.set_defaults(func=func)
+    return parser
+
+
+def test_an_interrupt_before_a_run_wrote_anything_advises_the_same_command(data_dir, tmp_path, capsys, monkeypatch):
+    from gatedattn.train import loop
+
+    def stop(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the handler raises here
+
+    monkeypatch.setattr(loop, "Trainer", stop)
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data_dir), "--out", str(run), *TRAIN_ARGS, "--set", "steps=2"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run the same command again" in err[0] and "--resume" not in err[0], err
+
+
+def test_outputs_with_names_near_the_limit_are_written(tmp_path, capsys):
+    texts = _texts(tmp_path)
+    out = tmp_path / ("d" * 250)
+    assert main(["data", "prepare", "-q", "--input", str(texts), "--out", str(out), "--vocab-size", "300"]) == 0
+    assert TokenData(out, verify=True).manifest.vocab_size > 0
+    assert main(["data", "prepare", "-q", "--input", str(texts), "--out", str(out), "--vocab-size", "300",
+                 "--force"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["texts", out.name])
+
+
+def test_a_prompt_is_text_as_in_data_prepare(data_dir, tmp_path):
+    """Special-token text typed in a prompt is encoded as text (as prepare encodes documents),
+    and UTF-8 that a C locale passed as surrogates is read as UTF-8."""
+    from gatedattn.hf.cli import generate_text
+    from gatedattn.infra.io import argv_text
+
+    assert argv_text("caf\udcc3\udca9") == "café" and argv_text("the \udcff gate") == "the \udcff gate"
+    final = _final(data_dir, tmp_path)
+    eos = TokenData(data_dir).manifest.eos_token
+    text = generate_text(final, f"the {eos} gate", max_new_tokens=0, temperature=0)
+    assert text == f"the {eos} gate"  # not dropped as a special id when decoded
