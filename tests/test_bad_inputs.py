@@ -656,6 +656,7 @@ def api_cases(f):
         ("generate top_k -1", lambda: model.generate(torch.zeros(1, 2, dtype=torch.long), 2, top_k=-1)),
         ("generate temperature nan", lambda: model.generate(torch.zeros(1, 2, dtype=torch.long), 2,
                                                             temperature=float("nan"))),
+        ("from_pretrained swapped tokenizer", lambda: GatedLM.from_pretrained(f["tok_swapped"])),
         ("from_pretrained map_location meta", lambda: GatedLM.from_pretrained(f["model"], map_location="meta")),
         ("from_pretrained map_location cuda:99", lambda: GatedLM.from_pretrained(f["model"], map_location="cuda:99")),
         ("from_pretrained map_location nonsense", lambda: GatedLM.from_pretrained(f["model"], map_location="gpu0")),

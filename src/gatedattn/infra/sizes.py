@@ -50,7 +50,8 @@ def check_limit(owner: str, field: str, value: Any, limit: int) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and value > limit:
         from gatedattn.infra.errors import ConfigError
 
-        raise ConfigError(f"{owner}.{field}={value} is too large; allowed: 1 to {limit:,} (2**{limit.bit_length() - 1})")
+        raise ConfigError(f"{owner}.{field}={value} is too large; allowed: 1 to {limit:,} "
+                          f"(2**{limit.bit_length() - 1})")
 
 
 def check_flag_range(flag: str, value: Any, low: int, high: int) -> None:

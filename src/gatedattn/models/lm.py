@@ -31,7 +31,7 @@ from gatedattn.layers.checks import check_generate_args, check_map_location
 from gatedattn.layers.config import AttentionConfig, RopeConfig
 from gatedattn.infra.errors import ConfigError, GatedAttnError, check_types, refuse_assignment
 from gatedattn.layers.gates import Gate
-from gatedattn.infra.integrity import atomic_model_dir, record as record_checksum, verify_file
+from gatedattn.infra.integrity import atomic_model_dir, record as record_checksum, verify_dir, verify_file
 from gatedattn.infra.io import atomic_write_json, read_json_object, recover_missing
 from gatedattn.layers.norm import RMSNorm
 from gatedattn.layers.rope import RopeTables
@@ -484,6 +484,7 @@ def load_model_config(directory: Path) -> ModelConfig:
     if not path.is_file():
         raise GatedAttnError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")
     verify_file(path)
+    verify_dir(directory, skip=(WEIGHTS_FILE,))  # every file its manifest lists (the weights are hashed as read)
     data = read_json_object(path)
     model_type = data.get("model_type")
     if model_type != MODEL_TYPE:
