@@ -162,9 +162,12 @@ def test_user_tokenizer_is_copied_and_used(tmp_path: Path, text_dir: Path, prepa
 
 
 def test_force_replaces_existing_output(tmp_path: Path, text_dir: Path, prepared: Path) -> None:
-    (prepared / "stale.txt").write_text("old")
+    (prepared / "stale.txt").write_text("old")  # a file prepare did not write: never removed with the directory
+    with pytest.raises(GatedAttnError, match="'stale.txt', which data prepare did not write"):
+        prepare([text_dir], prepared, vocab_size=SMALL_VOCAB, val_fraction=0.5, overwrite=True, progress=False)
+    assert (prepared / "stale.txt").read_text() == "old"
+    (prepared / "stale.txt").unlink()
     prepare([text_dir], prepared, vocab_size=SMALL_VOCAB, val_fraction=0.5, overwrite=True, progress=False)
-    assert not (prepared / "stale.txt").exists()
     assert TokenData(prepared).manifest.val.documents == 12
     assert leftovers(tmp_path) == []
 

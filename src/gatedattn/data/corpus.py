@@ -331,6 +331,25 @@ def _iter_record_files(path: Path, files: list[Path], text_field: str, on_bytes:
             yield from _iter_jsonl(f, text_field, str(path), on_bytes, stamps)
 
 
+def _check_input_path(p: Path) -> None:
+    """An input that exists and is a directory or a regular file: a missing one, a broken link
+    or a loop of links, and (before anything reads it: ``/dev/zero`` never ends, a FIFO may
+    block) a device, FIFO or socket are refused, each named as what it is."""
+    if not p.exists():
+        if p.is_symlink():
+            try:
+                os.stat(p)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise GatedAttnError(f"input {p} is a loop of symbolic links; point it at a file or "
+                                         f"directory") from None
+            raise GatedAttnError(f"input {p} is a broken symbolic link (to {os.readlink(p)})")
+        raise GatedAttnError(f"input not found: {p}")
+    if not p.is_dir() and not p.is_file():
+        raise GatedAttnError(f"input {p} is {_special_kind(p)}, not a regular file; give a file or a directory "
+                             f"(copy a stream to a file first)")
+
+
 def _special_kind(path: Path) -> str:
     from gatedattn.infra.outputs import special_kind
 
@@ -351,19 +370,7 @@ def input_source(path: str | os.PathLike, *, text_field: str = "text") -> Source
     p = Path(path)
     loc = str(p)
     stamps: Stamps = {}  # every read of this source checks its files against the first one
-    if not p.exists():
-        if p.is_symlink():
-            try:
-                os.stat(p)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise GatedAttnError(f"input {p} is a loop of symbolic links; point it at a file or "
-                                         f"directory") from None
-            raise GatedAttnError(f"input {p} is a broken symbolic link (to {os.readlink(p)})")
-        raise GatedAttnError(f"input not found: {p}")
-    if not p.is_dir() and not p.is_file():  # read before anything else: /dev/zero never ends, a FIFO may block
-        raise GatedAttnError(f"input {p} is {_special_kind(p)}, not a regular file; give a file or a directory "
-                             f"(copy a stream to a file first)")
+    _check_input_path(p)
     if p.is_dir():
         records = _record_files(p)
         texts = _text_files(p)

@@ -47,8 +47,8 @@ from tqdm import tqdm
 from gatedattn.data.corpus import Document, Source, input_sources
 from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo
 from gatedattn.infra.outputs import check_data_output
-from gatedattn.infra.io import (check_free_space, check_no_overlap, check_replaceable, check_writable,
-                                disk_full_error, discard_dir, is_disk_full, replace_dir, temp_dir_beside)
+from gatedattn.infra.io import (check_free_space, check_no_overlap, check_replaceable, check_writable, discard_dir,
+                                disk_full_named, replace_dir, temp_dir_beside)
 from gatedattn.infra.errors import GatedAttnError
 
 BOS_TOKEN = "<|bos|>"
@@ -443,53 +443,52 @@ def prepare(
     n_val = sum(int((s.keys <= np.uint64(s.val_threshold)).sum()) if s.val_threshold >= 0 else 0 for s in scans)
     _log(progress, f"split: {n_docs - n_val:,} train / {n_val:,} val documents (seed {seed})")
 
-    tmp = temp_dir_beside(out)  # a killed earlier run's temporaries are removed here
-    try:
-        if user_tok is None:
-            tok = _train_into(tmp, scans, seed, vocab_size, n_docs - n_val, progress)
-            origin = "trained"
-        else:
-            tok = user_tok
-            shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
-            origin = str(tokenizer)
-        bos_token, bos_id = _find_token(tok, BOS_NAMES)
-        eos_token, eos_id = _find_token(tok, EOS_NAMES)
-        pad = _find_token(tok, PAD_NAMES)
-        vocab = tok.get_vocab_size(with_added_tokens=True)
-        dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
-        # Text that spells a special token ("<|eos|>") is encoded as ordinary text, so the
-        # only special ids in a stream are the EOS separators written here.
-        tok.encode_special_tokens = True
-        train_info, val_info, val_ids = _encode_documents(tok, scans, seed, eos_id, dtype, tmp, progress)
-        tok_digest = _fingerprint(tmp / TOKENIZER_FILE)
-        manifest = Manifest(
-            format_version=FORMAT_VERSION,
-            dtype=dtype.name,
-            vocab_size=vocab,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            pad_id=pad[1] if pad else None,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            tokenizer_file=TOKENIZER_FILE,
-            tokenizer_origin=origin,
-            tokenizer_sha256=tok_digest,
-            source=("default corpus: " if all(s.kind == "package" for s in sources) else "") + description,
-            sources=[s.source.info(len(s.keys), s.nbytes).to_dict() for s in scans],
-            seed=seed,
-            val_fraction=val_fraction,
-            train=train_info,
-            val=val_info,
-            val_document_ids=val_ids,
-            skipped_empty_documents=sum(s.skipped for s in scans),
-        )
-        manifest.save(tmp / MANIFEST_FILE)
-        _move_into_place(tmp, out, overwrite, overlap)
-    except BaseException as e:
-        discard_dir(tmp)
-        if isinstance(e, Exception) and not isinstance(e, GatedAttnError) and is_disk_full(e):
-            raise disk_full_error(out) from None  # the tokenizer trainer's and numpy's own errors too
-        raise
+    with disk_full_named(out):  # the tokenizer trainer's and numpy's words for a full disk: one line
+        tmp = temp_dir_beside(out)  # a killed earlier run's temporaries are removed here
+        try:
+            if user_tok is None:
+                tok = _train_into(tmp, scans, seed, vocab_size, n_docs - n_val, progress)
+                origin = "trained"
+            else:
+                tok = user_tok
+                shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
+                origin = str(tokenizer)
+            bos_token, bos_id = _find_token(tok, BOS_NAMES)
+            eos_token, eos_id = _find_token(tok, EOS_NAMES)
+            pad = _find_token(tok, PAD_NAMES)
+            vocab = tok.get_vocab_size(with_added_tokens=True)
+            dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+            # Text that spells a special token ("<|eos|>") is encoded as ordinary text, so the
+            # only special ids in a stream are the EOS separators written here.
+            tok.encode_special_tokens = True
+            train_info, val_info, val_ids = _encode_documents(tok, scans, seed, eos_id, dtype, tmp, progress)
+            tok_digest = _fingerprint(tmp / TOKENIZER_FILE)
+            manifest = Manifest(
+                format_version=FORMAT_VERSION,
+                dtype=dtype.name,
+                vocab_size=vocab,
+                bos_id=bos_id,
+                eos_id=eos_id,
+                pad_id=pad[1] if pad else None,
+                bos_token=bos_token,
+                eos_token=eos_token,
+                tokenizer_file=TOKENIZER_FILE,
+                tokenizer_origin=origin,
+                tokenizer_sha256=tok_digest,
+                source=("default corpus: " if all(s.kind == "package" for s in sources) else "") + description,
+                sources=[s.source.info(len(s.keys), s.nbytes).to_dict() for s in scans],
+                seed=seed,
+                val_fraction=val_fraction,
+                train=train_info,
+                val=val_info,
+                val_document_ids=val_ids,
+                skipped_empty_documents=sum(s.skipped for s in scans),
+            )
+            manifest.save(tmp / MANIFEST_FILE)
+            _move_into_place(tmp, out, overwrite, overlap)
+        except BaseException:
+            discard_dir(tmp)
+            raise
     _log(progress, f"wrote {out}: train {train_info.tokens:,} tokens ({train_info.documents:,} documents), "
                    f"val {val_info.tokens:,} tokens ({val_info.documents:,} documents), vocab {vocab}")
     return manifest

@@ -110,6 +110,20 @@ def free_bytes(path: str | os.PathLike) -> int:
         return 1 << 62
 
 
+@contextlib.contextmanager
+def disk_full_named(path: str | os.PathLike, need: int | None = None) -> Iterator[None]:
+    """Inside, a full disk reported in another library's words (``is_disk_full``) becomes
+    the one line of :func:`disk_full_error` naming ``path``."""
+    try:
+        yield
+    except GatedAttnError:
+        raise
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise disk_full_error(path, need) from None
+
+
 FREE_MARGIN = 1 << 20  # room kept for the manifests and pointers written after a large file
 
 

@@ -26,34 +26,43 @@ def _dtype(d: torch.dtype) -> str:
 
 def check_attention_input(cfg: Any, x: Any, positions: Any, cache: Any, weight_dtype: torch.dtype) -> None:
     """``x`` (B, T, d_model) floating, B and T at least 1; ``positions`` integer (T,) or
-    (B or 1, T); ``cache`` a ``KVCache`` of this layer's shape, batch and dtype."""
+    (B or 1, T); ``cache`` a ``KVCache`` of this layer's shape, batch and dtype (or another
+    object with its interface: ``length``, ``update``)."""
     from gatedattn.layers.cache import KVCache
 
+    _check_x(cfg, x, weight_dtype)
+    if positions is not None:
+        _check_positions(positions, x.shape[0], x.shape[1], tuple(x.shape))
+    if cache is not None:
+        if isinstance(cache, KVCache):
+            check_cache(cfg, cache, x.shape[0], x.dtype)
+        elif not (hasattr(cache, "length") and hasattr(cache, "update")):
+            raise GatedAttnError(f"Attention.forward: cache is {type(cache).__name__}; allowed: a KVCache or None")
+
+
+def _check_x(cfg: Any, x: Any, weight_dtype: torch.dtype) -> None:
     if not isinstance(x, torch.Tensor):
         raise GatedAttnError(f"Attention.forward: x must be a torch.Tensor of shape (B, T, {cfg.d_model}), "
                              f"got {type(x).__name__}")
     if x.dim() != 3 or x.shape[-1] != cfg.d_model:
         raise GatedAttnError(f"Attention.forward: x has shape {tuple(x.shape)}; allowed: (B, T, d_model={cfg.d_model})")
-    B, T = x.shape[0], x.shape[1]
-    if B == 0 or T == 0:
+    if x.shape[0] == 0 or x.shape[1] == 0:
         raise GatedAttnError(f"Attention.forward: x has shape {tuple(x.shape)}; B and T must be at least 1")
     if x.dtype != weight_dtype and x.dtype not in ACTIVATION_DTYPES:
         allowed = ", ".join(dict.fromkeys(_dtype(d) for d in (weight_dtype, *ACTIVATION_DTYPES)))
         raise GatedAttnError(f"Attention.forward: x has dtype {_dtype(x.dtype)}; allowed: {allowed}")
-    if positions is not None:
-        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point \
-                or positions.dtype.is_complex or positions.dtype == torch.bool:
-            kind = _dtype(positions.dtype) if isinstance(positions, torch.Tensor) else type(positions).__name__
-            raise GatedAttnError(f"Attention.forward: positions is {kind}; allowed: an integer tensor (T,) or (B, T)")
-        if positions.dim() not in (1, 2) or positions.shape[-1] != T or (
-                positions.dim() == 2 and positions.shape[0] not in (1, B)):
-            allowed = " or ".join(dict.fromkeys((f"({T},)", f"(1, {T})", f"({B}, {T})")))
-            raise GatedAttnError(f"Attention.forward: positions has shape {tuple(positions.shape)}; allowed: "
-                                 f"{allowed} for x of shape {tuple(x.shape)}")
-    if cache is not None:
-        if not isinstance(cache, KVCache):
-            raise GatedAttnError(f"Attention.forward: cache is {type(cache).__name__}; allowed: a KVCache or None")
-        check_cache(cfg, cache, B, x.dtype)
+
+
+def _check_positions(positions: Any, B: int, T: int, shape: tuple) -> None:
+    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point \
+            or positions.dtype.is_complex or positions.dtype == torch.bool:
+        kind = _dtype(positions.dtype) if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise GatedAttnError(f"Attention.forward: positions is {kind}; allowed: an integer tensor (T,) or (B, T)")
+    if positions.dim() not in (1, 2) or positions.shape[-1] != T or (
+            positions.dim() == 2 and positions.shape[0] not in (1, B)):
+        allowed = " or ".join(dict.fromkeys((f"({T},)", f"(1, {T})", f"({B}, {T})")))
+        raise GatedAttnError(f"Attention.forward: positions has shape {tuple(positions.shape)}; allowed: "
+                             f"{allowed} for x of shape {shape}")
 
 
 def check_cache(cfg: Any, cache: Any, batch: int, dtype: torch.dtype) -> None:

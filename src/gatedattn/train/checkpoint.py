@@ -83,6 +83,18 @@ def _weights_metadata(path: Path) -> dict[str, str]:
     return meta if isinstance(meta, dict) else {}
 
 
+def _verified_info(ckpt: Path) -> dict[str, Any]:
+    """``checkpoint.json`` of ``ckpt``, its manifest required (but for checkpoints older than
+    manifests) and every file listed; the large files are hashed as they are read."""
+    info = read_info(ckpt)
+    if not has_manifest(ckpt) and _writes_manifests(info):
+        raise GatedAttnError(f"{ckpt} has no {CHECKSUMS}; a checkpoint that cannot be verified is not resumed "
+                             f"(resume from an earlier checkpoint: remove {ckpt.name})")
+    hashed_when_read = (WEIGHTS_FILE, STATE_FILE, INFO_FILE)
+    verify_dir(ckpt, required=(*hashed_when_read, CONFIG_FILE), skip=hashed_when_read)
+    return info
+
+
 def _writes_manifests(info: dict[str, Any]) -> bool:
     """Whether the checkpoint of ``info`` was written by a gatedattn that gives every checkpoint
     a ``checksums.json``: all but those of the flat, older run config (``run.train.variant``,
@@ -243,12 +255,7 @@ def load_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     """(model state dict, trainer state) of a checkpoint directory, on the CPU: verified
     against its ``checksums.json`` (required), its files of one run and one step
     (:func:`check_identity`)."""
-    info = read_info(ckpt)
-    if not has_manifest(ckpt) and _writes_manifests(info):
-        raise GatedAttnError(f"{ckpt} has no {CHECKSUMS}; a checkpoint that cannot be verified is not resumed "
-                             f"(resume from an earlier checkpoint: remove {ckpt.name})")
-    hashed_when_read = (WEIGHTS_FILE, STATE_FILE, INFO_FILE)  # checked as they are read
-    verify_dir(ckpt, required=(*hashed_when_read, CONFIG_FILE), skip=hashed_when_read)
+    info = _verified_info(ckpt)
     model_state = read_safetensors(ckpt / WEIGHTS_FILE, finite=False)  # a diverged run's last state resumes
     path = ckpt / STATE_FILE
     if not path.is_file():
