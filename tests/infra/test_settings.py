@@ -25,6 +25,7 @@ TRAIN_VALUES = {
     "model.attention.qkv_bias": ("true", True), "model.attention.o_bias": ("true", True),
     "model.attention.norm_eps": ("1e-5", 1e-5), "model.attention.head_transform": ("rmsnorm", "rmsnorm"),
     "model.attention.sink": ("true", True), "model.attention.kernel": ("reference", "reference"),
+    "model.attention.sink_init": ("2.5", 2.5),
     "model.gate.position": ("g5", "g5"), "model.gate.granularity": ("headwise", "headwise"),
     "model.gate.shared": ("true", True), "model.gate.activation": ("silu", "silu"),
     "model.gate.combine": ("add", "add"), "model.gate.source": ("static", "static"),
@@ -60,6 +61,8 @@ REPRODUCE_VALUES = {
     "mechanism.weight_decay": ("0.1", 0.1), "mechanism.grad_clip": ("1", 1.0),
     "mechanism.train_tokens": ("65536", 65536), "mechanism.n_chars": ("20", 20), "mechanism.n_triggers": ("2", 2),
     "mechanism.evals": ("4", 4), "mechanism.analysis_sequences": ("64", 64), "mechanism.workers": ("1", 1),
+    "mechanism.deep_seeds": ("2", 2), "mechanism.sink_init": ("3", 3.0), "mechanism.task_family": ("random", "random"),
+    "mechanism.trigger_share": ("0.1", 0.1), "mechanism.successors": ("3", 3), "mechanism.task_seed": ("4", 4),
     "pretrained.model": ("m.gguf", "m.gguf"), "pretrained.first_token": ("none", "none"),
     "pretrained.seq_len": ("128", 128), "pretrained.analysis_windows": ("3", 3), "pretrained.eval_windows": ("5", 5),
     "pretrained.windows": ("8,32", (8, 32)), "pretrained.window": ("16", 16), "pretrained.min_gap": ("0.5", 0.5),
@@ -70,7 +73,8 @@ REPRODUCE_VALUES = {
     "pretrained.continued_steps": ("3", 3), "pretrained.continued_lr": ("1e-5", 1e-5),
 }
 # a key that is only valid together with another setting
-NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"]}
+NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"],
+         "model.attention.sink_init": ["model.attention.sink=true"]}
 REPRODUCE_NEEDS = {"budget_minutes": ["steps=none"], "steps": ["budget_minutes=5"]}
 REPRODUCE_TRAIN_NEEDS = {"model.position_embedding": ["multiples=1"]}  # learned positions cannot extrapolate
 

@@ -59,6 +59,8 @@ def run_identity(cfg, model_cfg, world_size: int, data) -> dict[str, Any]:
 
 
 _MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+# attention fields added since a run was recorded, with the value they had before they existed
+_ATTENTION_ADDED = {"sink_init": 0.0}
 
 
 def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: frozenset[str]) -> str | None:
@@ -68,6 +70,8 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: fro
     old = {**old, "train": upgrade_dict(old.get("train") or {})}  # a run of the flat, older form
     if isinstance(old.get("model"), dict):  # a model field added since reads as its default there
         old["model"] = {**_MODEL_DEFAULTS, **old["model"]}
+        if isinstance(old["model"].get("attention"), dict):
+            old["model"]["attention"] = {**_ATTENTION_ADDED, **old["model"]["attention"]}
     if isinstance(old.get("data"), dict) and isinstance(new.get("data"), dict) and "tokenizer" not in old["data"]:
         old["data"] = {**old["data"], "tokenizer": new["data"].get("tokenizer")}  # recorded before tokenizers were
     old_t = {k: v for k, v in old["train"].items() if k not in ignore_train}
