@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU scale-up of the main job: the `base` preset (12 layers, d_model 512) on the
+# The GPU scale-up of the main job's natural-text part: the `base` preset (12 layers, d_model 512) on the
 # default corpus, baseline vs gated, for as many tokens as MINUTES (default 8) allow, with
 # bf16 where the GPU has it and torch.compile. Writes $OUT (default docs/reproduction-gpu).
 # Nothing is pip-installed: run it where PyTorch (CUDA) and this package are importable.
@@ -23,4 +23,4 @@ else
     SIZE=(--preset base --seq-len 512 --batch-size 64 --budget-minutes "${MINUTES:-8}" --set compile=on)
     OUT=${OUT:-docs/reproduction-gpu}
 fi
-exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --variants baseline,gated --no-mechanism --set "train.device=$DEVICE" --out "$OUT" "$@"
+exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --variants baseline,gated --no-mechanism --no-pretrained --set "train.device=$DEVICE" --out "$OUT" "$@"
