@@ -85,3 +85,22 @@ def test_generate_gives_the_tokens_of_a_plain_decoding_loop(fields):
 def test_a_bad_logits_to_keep_is_refused_naming_it(bad):
     with pytest.raises(GatedAttnError, match="logits_to_keep"):
         micro(1)(torch.zeros(1, 3, dtype=torch.long), logits_to_keep=bad)
+
+
+def test_generate_under_cpu_bf16_autocast_reuses_its_cache():
+    """Under autocast the cache holds bf16 keys and values while the residual stream is fp32:
+    decoding must accept its own cache (the dtype check allows the autocast dtype)."""
+    from gatedattn import GatedLM, ModelConfig
+    from gatedattn.infra.errors import GatedAttnError
+
+    torch.manual_seed(0)
+    model = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64)).eval()
+    ids = torch.randint(0, 64, (1, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.generate(ids, 4, temperature=0)
+    assert out.shape == (1, 10)
+    cache = model.new_cache()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, caches=cache)
+    with pytest.raises(GatedAttnError, match="filled with"):  # outside autocast the mismatch is refused
+        model(ids[:, :1], torch.tensor([6]), caches=cache)

@@ -65,6 +65,12 @@ def _check_positions(positions: Any, B: int, T: int, shape: tuple) -> None:
                              f"{allowed} for x of shape {shape}")
 
 
+def _autocasting() -> bool:
+    """Whether an autocast region is active on the CPU or CUDA (then a cache holds the
+    autocast dtype while the residual stream stays float32)."""
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+
+
 def check_cache(cfg: Any, cache: Any, batch: int, dtype: torch.dtype) -> None:
     """A ``KVCache`` that already holds positions is reused only with the batch size, dtype
     and layer shape it was filled with (a cache of another layer or model is refused)."""
@@ -74,7 +80,7 @@ def check_cache(cfg: Any, cache: Any, batch: int, dtype: torch.dtype) -> None:
     if held.shape[0] != batch:
         raise GatedAttnError(f"cache holds a batch of {held.shape[0]} sequences, this call has {batch}; allowed: "
                              f"the batch it was filled with (make a new cache with new_cache())")
-    if held.dtype != dtype and not torch.is_autocast_enabled():
+    if held.dtype != dtype and not _autocasting():
         raise GatedAttnError(f"cache holds {_dtype(held.dtype)} tensors, this call's x is {_dtype(dtype)}; allowed: "
                              f"the dtype it was filled with (make a new cache)")
     if cfg.kv == "mla":
