@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -242,8 +241,26 @@ def _hold(directory: Path) -> int:
     """Open ``directory`` and take an exclusive ``flock`` on it (released when the process
     ends); the descriptor is returned."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
     return fd
+
+
+@contextlib.contextmanager
+def _unless_held(directory: Path) -> Iterator[bool]:
+    """Hold ``directory`` for the body when no live process holds it; yields whether it could."""
+    try:
+        fd = _hold(directory)
+    except OSError:  # held: a live process is writing or replacing it
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.close(fd)
 
 
 _HELD: dict[str, int] = {}  # temporary directory -> descriptor holding its flock
@@ -333,19 +350,15 @@ def recover_replaced(target: str | os.PathLike) -> bool:
     for p in temporaries_of(target):
         if not p.name.endswith(".old") or p.is_symlink() or not p.is_dir():
             continue
-        try:
-            fd = _hold(p)
-        except OSError:  # held: a live replace is under way
-            continue
-        try:
+        with _unless_held(p) as mine:
+            if not mine:  # a live replace is under way
+                continue
             old = p / "dir"
             if not (target.exists() or target.is_symlink()) and (old.exists() or old.is_symlink()):
                 os.rename(old, target)
                 _fsync_dir(target.parent)
                 restored = True
             shutil.rmtree(p, ignore_errors=True)
-        finally:
-            os.close(fd)
     return restored
 
 
@@ -365,15 +378,10 @@ def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
                 p.unlink()
                 removed.append(p)
             continue
-        try:
-            fd = _hold(p)
-        except OSError:  # held: a live process is writing it
-            continue
-        try:
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-        finally:
-            os.close(fd)
+        with _unless_held(p) as mine:
+            if mine:  # else a live process is writing it
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
     return removed
 
 

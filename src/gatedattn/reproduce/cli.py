@@ -81,11 +81,10 @@ def _kind(flag: Flag) -> tuple:
     return (getattr(flag.type, "kind", flag.type), flag.switch, flag.repeat, flag.choices)
 
 
-def flag_help(study: Study, flag: Flag) -> str:
-    """A flag's help: its own, else the help of the config field it sets."""
-    if flag.help:
-        return flag.help
-    return next((s.help for s in settings(study.config) if s.key == flag.key), "")
+def flag_help(flag: Flag, field_helps: dict[str, str]) -> str:
+    """A flag's help: its own, else the help of the config field it sets (``field_helps``:
+    the study's ``--set`` keys and their helps)."""
+    return flag.help or field_helps.get(flag.key, "")
 
 
 def study_arguments() -> dict[str, dict[str, Any]]:
@@ -96,7 +95,7 @@ def study_arguments() -> dict[str, dict[str, Any]]:
         for name, flag in study.flags.items():
             if name not in CLI_FLAGS:
                 uses.setdefault(name, []).append((study, flag))
-    arguments = {}
+    arguments, field_helps = {}, {}
     for name, pairs in uses.items():
         kinds = {_kind(f) for _, f in pairs}
         if len(kinds) > 1:
@@ -105,7 +104,9 @@ def study_arguments() -> dict[str, dict[str, Any]]:
         flag = pairs[0][1]
         helps: dict[str, list[str]] = {}
         for study, f in pairs:
-            helps.setdefault(flag_help(study, f), []).append(study.name)
+            if study.name not in field_helps:  # walked once per study, not once per flag
+                field_helps[study.name] = {s.key: s.help for s in settings(study.config)}
+            helps.setdefault(flag_help(f, field_helps[study.name]), []).append(study.name)
         text = next(iter(helps)) if len(helps) == 1 else "; ".join(
             f"--study {', '.join(names)}: {h}" for h, names in helps.items())
         if flag.switch:
