@@ -172,6 +172,23 @@ def test_claims_are_judged_by_their_rules():
     assert nv["lm-sink-arm"] == "not measurable" and nv["lm-control"] == "did not hold"
 
 
+def _continued(base_f_attn, gated_f_attn):
+    def runs(vals):
+        return {"runs": [{"f_attn": f, "loss": 3.0} for f in vals],
+                "f_attn": {"mean": sum(vals) / len(vals), "std": 0.01, "values": vals},
+                "loss": {"mean": 3.0, "std": 0.0, "values": [3.0] * len(vals)}}
+    return {"steps": 4, "tokens": 1024, "before": {"f_attn": 0.37, "loss": 3.1},
+            "baseline": runs(base_f_attn), "gated": runs(gated_f_attn)}
+
+
+def test_the_retrofit_claim_needs_the_sink_kept_in_every_data_order():
+    kept = _verdicts(_results(continued=_continued([0.36, 0.35], [0.30, 0.33])))["lm-retrofit"]
+    removed_once = _verdicts(_results(continued=_continued([0.36, 0.35], [0.30, 0.10])))["lm-retrofit"]
+    assert kept == "held" and removed_once == "did not hold"
+    row = next(r for r in C.judge(_results(continued=_continued([0.36, 0.35], [0.30, 0.33]))) if r["key"] == "lm-retrofit")
+    assert "2 data orders each" in row["measured"] and "0.355 ± 0.010 without the gate" in row["measured"]
+
+
 @pytest.mark.parametrize("fields, match", [
     ({"first_token": "eos"}, "first_token='eos' is not allowed"),
     ({"windows": (16, 300)}, "must be below seq_len=256"),
@@ -213,9 +230,13 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
         assert len(arm["runs"]) == 1 and set(arm["runs"][0]) == {DROPPED, KEPT}
     assert {c["key"] for c in part["claims"]} >= {"lm-sink", "lm-window", "lm-sink-arm", "lm-control", "lm-retrofit"}
     continued = part["continued"]  # App. A.7: the whole model trained on, with and without a retrofitted gate
-    assert len(continued["baseline"]["curve"]) == len(continued["gated"]["curve"]) == 2
-    assert continued["baseline"]["curve"][0] == pytest.approx(continued["gated"]["curve"][0], abs=1e-4)  # identity init
-    assert continued["gated"]["loss"] != continued["before"]["loss"]
+    base, gated = continued["baseline"]["runs"], continued["gated"]["runs"]
+    assert len(base) == len(gated) == 1 and len(base[0]["curve"]) == len(gated[0]["curve"]) == 2
+    assert base[0]["curve"][0] == pytest.approx(gated[0]["curve"][0], abs=1e-4)  # identity init
+    assert gated[0]["loss"] != continued["before"]["loss"]
+    assert continued["gated"]["f_attn"]["values"] == [gated[0]["f_attn"]]
+    stages = json.loads((out / "pretrained.json").read_text())["stages"]
+    assert {"continued/before", "continued/baseline/0", "continued/gated/0"} <= set(stages)  # one stage per run
     report = (out / "report.md").read_text()
     assert "continued pretraining (App. A.7)" in report
     for png in ("lm_sink_profile.png", "lm_first_token_map.png", "lm_noop_curve.png", "lm_arm_training.png",

@@ -172,11 +172,18 @@ def _retrofit(r: dict) -> Verdict:
         return Verdict(NOT_MEASURABLE, "not run (`--set continued_steps=N` trains the whole model on, with and "
                                        "without the gate)")
     b, g = c["baseline"], c["gated"]
-    text = (f"after {c['steps']} steps ({c['tokens']:,} tokens): F-Attn {c['before']['f_attn']:.3f} before, "
-            f"{b['f_attn']:.3f} without the gate, {g['f_attn']:.3f} with it; loss {c['before']['loss']:.3f} → "
-            f"{b['loss']:.3f} / {g['loss']:.3f}; one run each")
-    kept = g["f_attn"] > REDUCTION * b["f_attn"]  # the sink is not removed
+    n = len(b["runs"])
+    text = (f"after {c['steps']} steps ({c['tokens']:,} tokens), {n} data order{'s' if n > 1 else ''} each: F-Attn "
+            f"{c['before']['f_attn']:.3f} before, {_pm(b['f_attn'])} without the gate, {_pm(g['f_attn'])} with it; "
+            f"loss {c['before']['loss']:.3f} → {_pm(b['loss'])} / {_pm(g['loss'])}")
+    # the sink is not removed: in every data order, the gated run keeps most of the ungated run's F-Attn
+    kept = all(gr["f_attn"] > REDUCTION * br["f_attn"] for br, gr in zip(b["runs"], g["runs"]))
     return Verdict(HELD if kept else NOT_HELD, text)
+
+
+def _pm(stat: dict) -> str:
+    """``mean ± std`` of a figure over data orders (the mean alone for one order)."""
+    return f"{stat['mean']:.3f}" if len(stat["values"]) < 2 else f"{stat['mean']:.3f} ± {stat['std']:.3f}"
 
 
 # (key, source, claim, judge, the arm it needs: a claim about an arm the study did not train is left out)

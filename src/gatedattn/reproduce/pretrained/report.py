@@ -99,15 +99,28 @@ def _arm_lines(r: dict) -> list[str]:
 
 def _continued_lines(r: dict) -> list[str]:
     c, cfg = r["continued"], r["config"]
+    n = len(c["baseline"]["runs"])
     lines = [f"The whole model trained on for {c['steps']} steps of {cfg['batch']} × {cfg['seq_len']} tokens (AdamW, LR "
              f"{cfg['continued_lr']:g}, full causal attention), as it is and with a G1 gate retrofitted (identity "
-             "init), on the same windows in the same order; one run each.", "",
+             f"init), on the same windows in the same order; {n} data order{'s' if n > 1 else ''} each, mean ± "
+             "standard deviation over them.", "",
              "| | held-out loss | F-Attn | Sink^ε | M-Act / median |", "|---|---:|---:|---:|---:|"]
-    for name, label in (("before", "before"), ("baseline", "trained on, no gate"), ("gated", "trained on, gated")):
+    b = c["before"]
+    lines.append(f"| before | {b['loss']:.3f} | {b['f_attn']:.3f} | {b['sink_eps']:.2f} | "
+                 f"{b['m_act']:.0f} / {_fmt(b['m_act_ratio'], '.0f')} |")
+    for name, label in (("baseline", "trained on, no gate"), ("gated", "trained on, gated")):
         m = c[name]
-        lines.append(f"| {label} | {m['loss']:.3f} | {m['f_attn']:.3f} | {m['sink_eps']:.2f} | "
-                     f"{m['m_act']:.0f} / {_fmt(m['m_act_ratio'], '.0f')} |")
+        lines.append(f"| {label} | {_pm(m['loss'], '.3f')} | {_pm(m['f_attn'], '.3f')} | {_pm(m['sink_eps'], '.2f')} | "
+                     f"{_pm(m['m_act'], '.0f')} / {_pm(m['m_act_ratio'], '.0f')} |")
     return lines + [""]
+
+
+def _pm(stat: dict, spec: str) -> str:
+    """``mean ± std`` over data orders (the mean alone for one order; – where unmeasured)."""
+    if stat["mean"] is None:
+        return "–"
+    one = format(stat["mean"], spec)
+    return one if len([v for v in stat["values"] if v is not None]) < 2 else f"{one} ± {format(stat['std'], spec)}"
 
 
 def pretrained_section(r: dict, out: Path, heading: str = "##", title: str | None = None,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos
+from gatedattn.hf import add_gates
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.models.lm import GatedLM
@@ -289,48 +290,68 @@ def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
     if window is not None:
         _arms_part(cfg, stages, inp, results)
     if cfg.continued_steps:
-        results["continued"] = stages.get("continued", "continued", lambda: _continued(cfg, inp))
+        results["continued"] = _continued(cfg, stages, inp)
     results["stage_seconds"] = stages.seconds()
     results["minutes"] = sum(results["stage_seconds"].values()) / 60
     return results
 
 
-def _continued(cfg: PretrainedConfig, inp: _Inputs) -> dict[str, Any]:
+CONTINUED_RUNS = (("baseline", None), ("gated", "gated"))  # App. A.7: as it is, and with a G1 gate retrofitted
+
+
+def _continued(cfg: PretrainedConfig, stages: Stages, inp: _Inputs) -> dict[str, Any]:
     """Qiu et al. App. A.7 at CPU scale: the whole model trained on, as it is and with a G1
-    gate retrofitted (identity init), on the same windows in the same order; each one's
-    sink figures and held-out loss (full causal attention) after, beside the model's before."""
-    from gatedattn.hf import add_gates
-
-    pool = inp.windows("train", cfg.continued_steps * cfg.batch, 3)
-    analysis = inp.windows("val", cfg.analysis_windows, 0)
-
+    gate retrofitted (identity init), on the same windows in the same order, in each of
+    ``seeds`` data orders; each run's sink figures and held-out loss (full causal attention)
+    after, beside the model's before, and their mean and spread over the orders. Every run
+    is a stage of its own, so an interrupted study keeps the finished ones."""
     def measure(model: GatedLM) -> dict[str, Any]:
-        figures = sink_figures(model.eval(), analysis, inp.loaded[2])
+        figures = sink_figures(model.eval(), inp.windows("val", cfg.analysis_windows, 0), inp.loaded[2])
         loss = window_losses(model, inp.evals, 0, "free").mean().item()
-        return {"loss": loss, **{k: figures[k] for k in ("f_attn", "sink_eps", "m_act", "m_act_ratio")}}
+        return {"loss": loss, **{k: figures[k] for k in CONTINUED_FIGURES}}
 
-    out: dict[str, Any] = {"before": measure(inp.model), "steps": cfg.continued_steps,
-                           "tokens": cfg.continued_steps * cfg.batch * cfg.seq_len}
-    for name, variant in (("baseline", None), ("gated", "gated")):
-        model = copy.deepcopy(inp.model)
-        if variant is not None:
-            add_gates(model, variant, init="identity")
-        for p in model.parameters():
-            p.requires_grad_(True)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.continued_lr)
-        curve = []
-        model.train()
-        for rows in pool.split(cfg.batch):
-            logits = model(rows[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            curve.append(loss.item())
-        out[name] = {**measure(model), "curve": curve}
-        _say(cfg, f"continued pretraining, {name}: held-out loss {out[name]['loss']:.3f}, "
-                  f"F-Attn {out[name]['f_attn']:.3f}")
+    out: dict[str, Any] = {"before": stages.get("continued/before", "continued", lambda: measure(inp.model)),
+                           "steps": cfg.continued_steps, "tokens": cfg.continued_steps * cfg.batch * cfg.seq_len,
+                           "seeds": cfg.seeds}
+    for name, variant in CONTINUED_RUNS:
+        runs = []
+        for seed in range(cfg.seeds):
+            def train(variant=variant, seed=seed) -> dict[str, Any]:
+                pool = inp.windows("train", cfg.continued_steps * cfg.batch, 3)
+                order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))
+                model, curve = _continue_training(cfg, inp.model, variant, pool[order])
+                return {**measure(model), "curve": curve}
+
+            runs.append(stages.get(f"continued/{name}/{seed}", "continued", train))
+            _say(cfg, f"continued pretraining, {name}, order {seed}: held-out loss {runs[-1]['loss']:.3f}, "
+                      f"F-Attn {runs[-1]['f_attn']:.3f}")
+        out[name] = {"runs": runs, **{k: _mean_std([r[k] for r in runs]) for k in ("loss", *CONTINUED_FIGURES)}}
     return out
+
+
+CONTINUED_FIGURES = ("f_attn", "sink_eps", "m_act", "m_act_ratio")
+
+
+def _continue_training(cfg: PretrainedConfig, base: GatedLM, variant: str | None,
+                       pool: torch.Tensor) -> tuple[GatedLM, list[float]]:
+    """A copy of ``base`` (with ``variant``'s gates retrofitted, identity init) trained whole
+    with AdamW on ``pool`` in order, ``batch`` windows a step; the model and its losses."""
+    model = copy.deepcopy(base)
+    if variant is not None:
+        add_gates(model, variant, init="identity")
+    for p in model.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.continued_lr)
+    curve = []
+    model.train()
+    for rows in pool.split(cfg.batch):
+        logits = model(rows[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        curve.append(loss.item())
+    return model, curve
 
 
 def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dict[str, Any]) -> None:
