@@ -157,6 +157,23 @@ def test_hyga_gate_matches_per_head_formula():
     torch.testing.assert_close(gate(h, x), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_hyga_ablations_are_one_gate_each():
+    """``hyga-h``: H'_i = H_i * sigmoid(SiLU(H_i W_i^d) W_i^u), no X-gate, no C-gate;
+    ``hyga-c``: H'_i = H_i * sigmoid(c_i), c = concat(H) W_c, no X-gate, no H-gate."""
+    x = torch.randn(2, 5, D_MODEL)
+    h_only, c_only = randomize_(make("hyga-h", "gqa")).gate, randomize_(make("hyga-c", "gqa")).gate
+    assert h_only.x is None and h_only.c is None and c_only.x is None and c_only.h is None
+    h = torch.randn(2, 5, HEADS, h_only.dim)
+    expected = torch.empty_like(h)
+    for i in range(HEADS):
+        hl = torch.nn.functional.silu(h[:, :, i] @ h_only.h.down.weight[i]) @ h_only.h.up.weight[i]
+        expected[:, :, i] = h[:, :, i] * torch.sigmoid(hl)
+    torch.testing.assert_close(h_only(h, x), expected, atol=1e-5, rtol=1e-5)
+    c = torch.sigmoid(h.reshape(2, 5, -1) @ c_only.c.proj.weight.T)
+    torch.testing.assert_close(c_only(h, x), h * c[..., None], atol=1e-5, rtol=1e-5)
+    assert isinstance(c_only.c.proj, torch.nn.Linear)  # the LoRA target the README names
+
+
 def test_hyga_multiplicative_fusion_is_product_of_sigmoids():
     layer = randomize_(make("hyga-mulfusion", "mha"))
     gate = layer.gate

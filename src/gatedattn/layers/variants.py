@@ -81,6 +81,10 @@ _PRESETS = [
     Preset("hyga-lowrank", "HyGA with low-rank X-gate and H-gate, d_int = 16", f"d_int {HYGA_LOWRANK[0]}: {100 * HYGA_LOWRANK[1]:.0f}% of gate compute", _hyga(16)),
     Preset("hyga-mulfusion", "HyGA with separate sigmoids multiplied (rejected by the paper)", "worse than additive", _hyga(fusion="multiply")),
     Preset("hyga-sink", "HyGA plus a learnable per-head sink", "", lambda d: {**_hyga()(d), "sink": True}),
+    Preset("hyga-h", "HyGA's H-gate alone: logits from each head's own output, d_int = head_dim", "HyGA ablation",
+           lambda d: {"gate": GateConfig(source="none", h_dim=d)}),
+    Preset("hyga-c", "HyGA's C-gate alone: a headwise sigmoid from all heads' outputs", "HyGA ablation",
+           _gate(source="none", cross_head=True)),
     Preset("sink", "baseline plus a learnable per-head sink (GPT-OSS)", f"+{HYGA_SINK_GAIN:g} avg (HyGA ablation)", lambda d: {"sink": True}),
 ]
 

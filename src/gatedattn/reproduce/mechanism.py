@@ -47,8 +47,8 @@ from gatedattn.infra.settings import build, check_options, option
 from gatedattn.train import ModelRecipe, TrainConfig, train
 from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
 
-STUDY_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga", "hyga-lowrank", "hyga-sink")
-GATED = ("gated", "gated-headwise", "hyga", "hyga-lowrank", "hyga-sink")
+STUDY_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga", "hyga-lowrank", "hyga-sink", "hyga-h", "hyga-c")
+GATED = ("gated", "gated-headwise", "hyga", "hyga-lowrank", "hyga-sink", "hyga-h", "hyga-c")
 SINKS = ("sink", "hyga-sink")  # the variants with a learnable sink
 ANALYSIS_SEED = 10_000  # analysis sequences are drawn apart from the training data
 CURVE_KEYS = ("bos_attn_ordinary", "bos_attn_trigger", "prev_attn_trigger", "gate_ordinary", "gate_trigger",
