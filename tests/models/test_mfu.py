@@ -29,6 +29,8 @@ def test_flops_per_token_match_a_hand_count():
     assert mfu.train_flops_per_token(tiny_model(), T) == 3 * forward / T
     # a sink adds 3 FLOPs per head and row to the attention layer
     assert mfu.forward_flops(tiny_model(sink=True), T) == forward + 2 * 3 * 2 * T
+    # a two-matrix MLP (OPT / GPT-2) has two products, not three
+    assert mfu.forward_flops(tiny_model().replace(mlp="relu"), T) == forward - 2 * 2 * 8 * 16 * T
     with pytest.raises(ValueError, match="seq_len"):
         mfu.forward_flops(tiny_model(), 0)
 

@@ -133,7 +133,43 @@ def test_embedding_init_scale():
     assert default.embed.weight.std().item() == pytest.approx(0.02, rel=0.1) and default.pos_embed is None
 
 
+@pytest.mark.parametrize("mlp", ["relu", "gelu"])
+def test_a_two_matrix_mlp_with_biases_trains_saves_and_is_refused_by_export(tmp_path, mlp):
+    from gatedattn.hf import export_hf
+    from gatedattn.infra.sizes import model_params
+
+    torch.manual_seed(0)
+    model = micro("baseline", mlp=mlp)
+    block = model.blocks[0].mlp
+    assert not hasattr(block, "gate_proj") and block.up_proj.bias is not None and block.down_proj.bias is not None
+    assert (block.up_proj.bias == 0).all()  # biases start at zero, as every bias of the model
+    x = torch.randn(2, 3, 64)
+    act = torch.relu if mlp == "relu" else (lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+    torch.testing.assert_close(block(x), act(x @ block.up_proj.weight.T + block.up_proj.bias) @ block.down_proj.weight.T
+                               + block.down_proj.bias)
+    swiglu = micro("baseline")
+    ffn, d = model.cfg.ffn_dim, model.cfg.d_model
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n(swiglu) - n(model) == model.cfg.n_layers * (d * ffn - ffn - d)  # one matrix fewer, two biases more
+    assert model_params(model.cfg) <= n(model)
+    ids = torch.randint(0, 97, (2, 6))
+    model.loss(ids).backward()
+    assert block.up_proj.weight.grad is not None
+    model.save_pretrained(tmp_path / "m")
+    again = GatedLM.from_pretrained(tmp_path / "m")
+    assert again.cfg.mlp == mlp and torch.equal(again(ids), model(ids))
+    with pytest.raises(GatedAttnError, match=f"ModelConfig.mlp='{mlp}'.*SwiGLU"):
+        export_hf(model, tmp_path / "hf")
+
+
+def test_a_config_saved_before_the_mlp_field_reads_as_swiglu():
+    data = ModelConfig.from_preset("micro", "baseline", vocab_size=97).to_dict()
+    del data["mlp"]
+    assert ModelConfig.from_dict(data).mlp == "swiglu"
+
+
 @pytest.mark.parametrize("field,value,match", [
+    ("mlp", "swish", r"ModelConfig.mlp='swish' is not allowed.*'swiglu', 'relu', 'gelu'"),
     ("norm", "batch", r"ModelConfig.norm='batch' is not allowed.*'rms', 'layer'"),
     ("position_embedding", "sinusoidal", r"position_embedding='sinusoidal' is not allowed.*'learned'"),
     ("embed_std", 0.0, r"ModelConfig.embed_std=0.0 must be > 0"),

@@ -193,3 +193,17 @@ def test_sink_init_starts_the_sink_arms_only(task):
     old = {k: v for k, v in recipe_of(plain, "sink").items() if k not in LATER_RECIPE_FIELDS}
     assert {**LATER_RECIPE_FIELDS, **old} == recipe_of(plain, "sink")
     assert "sinks start at logit 3" in head_start.describe() and "sinks start" not in plain.describe()
+
+
+def test_the_mlp_lever_builds_a_two_matrix_mlp_and_keeps_older_runs(task):
+    from gatedattn.reproduce.mechanism import LATER_RECIPE_FIELDS, recipe_of
+
+    relu, plain = MechanismConfig(mlp="relu", progress=False), MechanismConfig(progress=False)
+    model = GatedLM(train_config(relu, Path("d"), Path("r"), "sink", 1, 0).model.build(
+        vocab_size=task.vocab_size, max_seq_len=65, bos_token_id=task.bos_id))
+    assert isinstance(model.blocks[0].mlp.act, torch.nn.ReLU) and model.blocks[0].mlp.up_proj.bias is not None
+    assert recipe_of(relu, "baseline") != recipe_of(plain, "baseline") and "ReLU MLP with biases" in relu.describe()
+    # the default leaves the trainer's config as it was before the field, and a run recorded then is reused
+    assert "mlp" not in train_config(plain, Path("d"), Path("r"), "baseline", 1, 0).model.lm
+    old = {k: v for k, v in recipe_of(plain, "baseline").items() if k != "mlp"}
+    assert {**LATER_RECIPE_FIELDS, **old} == recipe_of(plain, "baseline") and "MLP" not in plain.describe()

@@ -62,6 +62,8 @@ def _common_differences(cfg: ModelConfig) -> str | None:
         return f"ModelConfig.position_embedding={cfg.position_embedding!r}: the targets have rotary positions only"
     if cfg.norm != "rms":
         return f"ModelConfig.norm={cfg.norm!r}: the targets use RMSNorm"
+    if cfg.mlp != "swiglu":
+        return f"ModelConfig.mlp={cfg.mlp!r}: the targets' MLP is SwiGLU"
     if a.sink:
         return "it has a learnable attention sink (AttentionConfig.sink=True)"
     if a.head_transform != "none":

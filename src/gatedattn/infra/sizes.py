@@ -4,7 +4,7 @@ A model or batch whose size is a typo (``micro_batch=1e12``, ``n_layers=10**9``,
 ``config.json`` with ``vocab_size: 10**12``) would otherwise end in an allocation error
 deep inside PyTorch, or in hours of swapping. :func:`model_params` counts a model's
 parameters from its config alone (a lower bound: the embedding, a learned position
-table, the q/k/v/o projections and the SwiGLU MLP, no gates or norms), and the checks
+table, the q/k/v/o projections and the MLP, no gates or norms), and the checks
 refuse a model or a training run whose lower-bound memory exceeds what the device can
 give (the memory available on the CPU, the total on a GPU), naming the sizes.
 :func:`check_model_limits` bounds each size field first (far beyond any real model), so
@@ -32,7 +32,7 @@ def model_params(cfg: Any) -> int:
     kv = _int(a.n_kv_heads) or heads
     hd = _int(a.head_dim) or (d // heads if heads else 0)
     attn = 2 * d * heads * hd + 2 * d * kv * hd
-    mlp = 3 * d * _int(cfg.ffn_dim)
+    mlp = (3 if getattr(cfg, "mlp", "swiglu") == "swiglu" else 2) * d * _int(cfg.ffn_dim)
     embed = _int(cfg.vocab_size) * d * (1 if cfg.tie_embeddings else 2)
     positions = _int(cfg.max_seq_len) * d if getattr(cfg, "position_embedding", "none") == "learned" else 0
     return embed + positions + _int(cfg.n_layers) * (attn + mlp)

@@ -2,7 +2,7 @@
 
 Token embedding -> n_layers x [x + attn(norm(x)); x + mlp(norm(x))] -> norm -> LM head.
 The attention of every block is ``gatedattn.Attention`` built from one
-``AttentionConfig``; the MLP is SwiGLU. ``GatedLM(ids)`` returns logits (B, T, vocab).
+``AttentionConfig``; the MLP is SwiGLU (or OPT/GPT-2's two-matrix MLP, ``mlp``). ``GatedLM(ids)`` returns logits (B, T, vocab).
 
 Padded batches follow transformers' conventions: ``attention_mask`` (B, past + T) holds 1
 for tokens and 0 for padding (left or right), padded keys get zero attention, and the
@@ -47,6 +47,7 @@ MODEL_TYPE = "gatedattn"
 _NOT_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")
 
 NORMS = ("rms", "layer")
+MLPS = ("swiglu", "relu", "gelu")
 POSITION_EMBEDDINGS = ("none", "learned")
 
 # name -> (n_layers, d_model, n_heads, n_kv_heads, ffn_dim)
@@ -81,6 +82,8 @@ class ModelConfig:
     init_std: float = option(0.02, gt=0, help="standard deviation of the initial weights")
     embed_std: float | None = option(None, gt=0, help="standard deviation of the initial token (and position) "
                                                 "embeddings (default: init_std; 1.0 is GPT-2/BBM-style)")
+    mlp: str = option("swiglu", choices=MLPS, help="the blocks' MLP: swiglu (Llama: three matrices, no biases), or "
+                                                  "relu / gelu (OPT / GPT-2: up and down with biases)")
     norm: str = option("rms", choices=NORMS, help="the blocks' and final norm: rms (RMSNorm) or layer (LayerNorm with bias)")
     position_embedding: str = option("none", choices=POSITION_EMBEDDINGS, help="absolute positions added to the token embedding: none or "
                                                    "learned (GPT-2/OPT style, max_seq_len rows; set "
@@ -163,6 +166,26 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class TwoLayerMLP(nn.Module):
+    """``down(act(up(x)))`` with biases: the OPT (ReLU) and GPT-2 (GELU) MLP."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str):
+        super().__init__()
+        self.up_proj = nn.Linear(d_model, ffn_dim)
+        self.down_proj = nn.Linear(ffn_dim, d_model)
+        self.act = nn.ReLU() if activation == "relu" else nn.GELU(approximate="tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+def make_mlp(cfg: ModelConfig) -> nn.Module:
+    """The MLP ``cfg.mlp`` names (ffn_dim wide)."""
+    if cfg.mlp == "swiglu":
+        return SwiGLU(cfg.d_model, cfg.ffn_dim)
+    return TwoLayerMLP(cfg.d_model, cfg.ffn_dim, cfg.mlp)
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
     """The norm ``cfg.norm`` names: RMSNorm, or LayerNorm with a bias (GPT-2/OPT)."""
     if cfg.norm == "layer":
@@ -178,7 +201,7 @@ class Block(nn.Module):
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg.attention)
         self.mlp_norm = make_norm(cfg)
-        self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
+        self.mlp = make_mlp(cfg)
 
     def forward(self, x, positions=None, cache: KVCache | None = None, key_mask: torch.Tensor | None = None,
                 rope: RopeTables | None = None):

@@ -2,7 +2,7 @@
 
 **Model FLOPs** (:func:`train_flops_per_token`) count what the model needs, not what an
 implementation does: a forward pass of ``GatedLM`` is, per block, one attention layer as
-``gatedattn.cost`` counts it (projections, causal attention, gates, sink) plus the SwiGLU's
+``gatedattn.cost`` counts it (projections, causal attention, gates, sink) plus the MLP's
 three matrix products, and the LM head's product once; norms, embeddings, the MLP's
 elementwise work and the loss are left out. A training step costs forward + backward, three
 times the forward (the backward takes two products per forward product), as nanoGPT and
@@ -46,13 +46,14 @@ BUDGET_S = 0.25  # stop growing the size once the products have taken this long
 def forward_flops(cfg, seq_len: int) -> int:
     """Forward FLOPs of one sequence of ``seq_len`` tokens through ``GatedLM(cfg)``
     (``cfg`` a :class:`~gatedattn.models.lm.ModelConfig`): per block the attention layer
-    (``gatedattn.cost``) and the SwiGLU's three products, then the LM head."""
+    (``gatedattn.cost``) and the MLP's products (SwiGLU three, a two-matrix MLP two), then the LM head."""
     from gatedattn.layers.cost import cost
 
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1")
     attention = cost(cfg.attention, seq_len).total_flops
-    mlp = 3 * 2 * cfg.d_model * cfg.ffn_dim * seq_len
+    products = 3 if cfg.mlp == "swiglu" else 2  # SwiGLU: gate, up, down; else up, down
+    mlp = products * 2 * cfg.d_model * cfg.ffn_dim * seq_len
     head = 2 * cfg.d_model * cfg.vocab_size * seq_len
     return cfg.n_layers * (attention + mlp) + head
 

@@ -40,7 +40,7 @@ from gatedattn.reproduce.verdicts import (
     HELD, NOT_HELD, NOT_MEASURABLE, Claim, Verdict, compare, compare_metrics,
     uniform_first_token_attention,
 )
-from gatedattn.models.lm import GatedLM
+from gatedattn.models.lm import MLPS, GatedLM
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.mechanism_probe import measure
 from gatedattn.infra.settings import build, check_options, option
@@ -58,6 +58,7 @@ SUMMARY_KEYS = keys(MECHANISM_METRICS)
 
 POSITIONS = {"rope": 1.0, "partial-rope": 0.5, "learned": 0.0}  # name -> share of each head's channels that rotate
 NORMS = ("layer", "rms")
+MLP_WORDS = {"relu": "ReLU", "gelu": "GELU"}  # the two-matrix MLPs, as the recipe line names them
 TASK_FAMILIES = ("corpus", "random")
 SCHEDULES = ("constant", "cosine")
 
@@ -88,6 +89,8 @@ class MechanismConfig:
     positions: str = option("learned", choices=tuple(POSITIONS), help="position encoding: " + ", ".join(POSITIONS) +
                             " (learned absolute positions, GPT-2 style, with no rotation)")
     norm: str = option("layer", choices=NORMS, help="layer (LayerNorm with bias) or rms (RMSNorm)")
+    mlp: str = option("swiglu", choices=MLPS, help="the MLP: swiglu (no biases), or relu / gelu (two matrices with "
+                                                  "biases, as OPT / GPT-2)")
     qkv_bias: bool = option(True, help="biases on the q/k/v projections")
     tie_embeddings: bool = option(False, help="the LM head shares the token embedding")
     embed_std: float = option(1.0, gt=0, help="standard deviation of the initial embeddings")
@@ -178,7 +181,8 @@ class MechanismConfig:
                 f"({self.tokens_per_run() / 1e6:.2f} M), AdamW (0.9, {self.beta2:g}), LR {self.lr:g} {self.schedule} "
                 f"after {self.warmup} warm-up steps, weight decay {self.weight_decay:g}, "
                 f"clipping {self.grad_clip:g}, a {self.train_tokens / 1e6:.2f} M-token training stream"
-                + (f"; the learnable sinks start at logit {self.sink_init:g}" if self.sink_init else ""))
+                + (f"; the learnable sinks start at logit {self.sink_init:g}" if self.sink_init else "")
+                + (f"; a {MLP_WORDS[self.mlp]} MLP with biases" if self.mlp != "swiglu" else ""))
 
 
 # ------------------------------------------------------------------------------ the trainer seam
@@ -191,7 +195,8 @@ def train_config(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: s
     recipe = ModelRecipe(
         size="toy", variant=variant, d_model=cfg.d_model,
         lm={"n_layers": depth, "norm": cfg.norm, "tie_embeddings": cfg.tie_embeddings, "embed_std": cfg.embed_std,
-            "position_embedding": "learned" if cfg.positions == "learned" else "none"},
+            "position_embedding": "learned" if cfg.positions == "learned" else "none",
+            **({"mlp": cfg.mlp} if cfg.mlp != "swiglu" else {})},  # a run recorded before the field: swiglu
         attention=attention, rope={"fraction": POSITIONS[cfg.positions]})
     return TrainConfig(
         data_dir=str(data_dir), out_dir=str(run_dir), model=recipe,
@@ -323,7 +328,7 @@ def train_runs(cfg: MechanismConfig, out: Path) -> list[dict[str, Any]]:
     return records
 
 
-RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "norm", "qkv_bias", "tie_embeddings",
+RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "norm", "mlp", "qkv_bias", "tie_embeddings",
                  "embed_std", "lr", "schedule", "warmup_steps", "beta2", "weight_decay", "grad_clip",
                  "train_tokens", "task_family", "n_chars", "n_triggers", "trigger_share", "successors", "task_seed",
                  "evals", "analysis_sequences")
@@ -331,7 +336,7 @@ RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "nor
 
 # recipe fields added after runs were first recorded, with the value those runs had
 LATER_RECIPE_FIELDS: dict[str, Any] = {"sink_init": 0.0, "task_family": "corpus", "trigger_share": 0.2,
-                                       "successors": 4, "task_seed": 0}
+                                       "successors": 4, "task_seed": 0, "mlp": "swiglu"}
 
 
 def recipe_of(cfg: MechanismConfig, variant: str | None = None) -> dict[str, Any]:
