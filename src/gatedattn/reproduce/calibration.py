@@ -43,8 +43,9 @@ from gatedattn.reproduce.verdicts import uniform_first_token_attention
 from gatedattn.infra.settings import apply_sets, build, check_options, option
 from gatedattn.reproduce.text.config import TextConfig
 from gatedattn.reproduce.text.plan import step_fn
-from gatedattn.reproduce.text.run import ensure_data, run_one
+from gatedattn.reproduce.text.run import ensure_data, text_run
 from gatedattn.infra.timing import median_times
+from gatedattn.reproduce.batch import run_batch
 from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
 
 
@@ -239,7 +240,7 @@ def run_lever(cfg: CalibrationConfig, lever: Lever, data_dir: Path, out: Path,
     if steps is None:
         steps = cfg.steps if cfg.steps is not None else max(10, int(cfg.minutes_per_run * 60 / step_s))
     recipe = cfg.recipe(lever, steps=steps, data_dir=str(data_dir))
-    run = run_one(recipe, data_dir, data, "baseline", 0, steps, out / "levers" / lever.name)
+    run, = run_batch([text_run(recipe, data_dir, data, "baseline", 0, steps, out / "levers" / lever.name)])
     a = run["analysis"]
     per_layer = a["f_attn_per_layer"]
     strongest = max(range(len(per_layer)), key=per_layer.__getitem__)

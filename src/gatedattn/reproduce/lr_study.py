@@ -18,12 +18,13 @@ from typing import Any, ClassVar
 
 from gatedattn import paper as P
 from gatedattn.data import TokenData
+from gatedattn.reproduce.batch import run_batch
 from gatedattn.reproduce.study_report import write_study_report
 from gatedattn.reproduce.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, Claim, Verdict
 from gatedattn.reproduce.registry import Flag, list_of
 from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
 from gatedattn.reproduce.text.plan import plan_steps
-from gatedattn.reproduce.text.run import describe_recipe, run_apart, run_one
+from gatedattn.reproduce.text.run import describe_recipe, run_apart, text_run
 from gatedattn.infra.settings import option
 
 NAME = "lr"  # the study's name in the registry
@@ -48,11 +49,10 @@ class LrConfig(TextConfig):
 def train_ladder(cfg: LrConfig, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
     """Every variant at every learning rate: which diverged, how many spikes."""
     steps, _ = plan_steps(cfg, data, len(cfg.lrs))
-    runs = []
-    for lr in cfg.lrs:
-        for variant in cfg.variants:
-            r = run_one(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
-            runs.append({k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")})
+    ladder = run_batch([text_run(cfg, data_dir, data, variant, 0, steps, out, lr=lr, analyse=False)
+                        for lr in cfg.lrs for variant in cfg.variants])
+    runs = [{k: r[k] for k in ("variant", "lr", "diverged", "diverged_reason", "spikes", "final_loss", "steps")}
+            for r in ladder]
     return {"steps": steps, "runs": runs, "recipe": describe_recipe(cfg.train_config("baseline", 0, steps=steps),
                                                                    data.vocab_size)}
 

@@ -20,10 +20,10 @@ its report is :func:`gatedattn.reproduce.mechanism_report.run_study`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -33,9 +33,9 @@ import torch
 from gatedattn.analysis.metrics import seed_stat
 from gatedattn.analysis.registry import MECHANISM_METRICS, keys
 from gatedattn.data.backcopy import BigramBackcopy
-from gatedattn.infra.errors import ConfigError, Interrupted
+from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.fmt import fmt_mean_std as _fmt
-from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.infra.io import json_safe, read_json_object
 from gatedattn.reproduce.verdicts import (
     HELD, NOT_HELD, NOT_MEASURABLE, Claim, Verdict, compare, compare_metrics,
     uniform_first_token_attention,
@@ -45,6 +45,7 @@ from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.mechanism_probe import measure
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.train import ModelRecipe, TrainConfig, train
+from gatedattn.reproduce.batch import Record, Run, check_interrupted, run_batch
 from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
 
 STUDY_VARIANTS = ("baseline", "gated", "gated-headwise", "sink", "hyga", "hyga-lowrank", "hyga-sink", "hyga-h", "hyga-c")
@@ -214,9 +215,7 @@ def train_model(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: st
 
     The only place this study touches the trainer's API."""
     result = train(train_config(cfg, data_dir, run_dir, variant, depth, seed), eval_hook=eval_hook, resume=True)
-    if result.interrupted is not None:  # a signal stops the whole study, not just this run
-        raise Interrupted(f"{result.interrupted}: {run_dir.name} stopped after step {result.steps}; the same "
-                          "command continues it", 128 + result.interrupted_signal)
+    check_interrupted(result, run_dir.name)
     if result.final_dir is None:
         raise RuntimeError(f"{run_dir}: training stopped early ({result.diverged_reason})")
     info = {"final_loss": result.final_loss, "val_loss": result.val_loss, "train_seconds": result.elapsed_s,
@@ -255,22 +254,25 @@ def _curve_hook(task: BigramBackcopy, batch):
     return hook
 
 
-def run_one(cfg: MechanismConfig, data_dir: str, out: str, variant: str, depth: int, seed: int) -> dict[str, Any]:
-    """Train and measure one (variant, depth, seed); reuses a finished run's record."""
-    torch.set_num_threads(1)
-    run_dir = Path(out) / "runs" / f"{variant}-L{depth}-s{seed}"
-    record_path = run_dir / "mechanism.json"
+def mechanism_run(cfg: MechanismConfig, data_dir: Path, out: Path, variant: str, depth: int, seed: int,
+                  name: str | None = None) -> Run:
+    """One (variant, depth, seed) of a batch: trained into ``out/runs/<variant>-L<depth>-s<seed>``
+    and measured; its record (``mechanism.json``) is reused under the same recipe only."""
+    run_dir = out / "runs" / f"{variant}-L{depth}-s{seed}"
     recipe = json_safe(recipe_of(cfg, variant))
-    if record_path.is_file():
-        record = read_json_object(record_path)
-        if {**LATER_RECIPE_FIELDS, **record.get("recipe", {})} != recipe:
-            raise ConfigError(f"{run_dir} holds a run of another recipe ({record.get('recipe')}); give another --out "
-                              f"(the study reuses finished runs of the same recipe only)")
-        return record
+    record = Record(run_dir / "mechanism.json", recipe, key_at="recipe", defaults=LATER_RECIPE_FIELDS,
+                    refuse="give another --out (the study reuses finished runs of the same recipe only)")
+    return Run(name or run_dir.name, functools.partial(_train_and_measure, cfg, data_dir, run_dir, variant, depth, seed,
+                                                        recipe), record)
+
+
+def _train_and_measure(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: str, depth: int, seed: int,
+                       recipe: dict[str, Any]) -> dict[str, Any]:
+    """Train and measure one (variant, depth, seed); its record."""
     task = cfg.task()
     curve_batch = task.sample(32, cfg.seq_len, seed=ANALYSIS_SEED + 1)
     t0 = time.perf_counter()
-    model, info = train_model(cfg, Path(data_dir), run_dir, variant, depth, seed, _curve_hook(task, curve_batch))
+    model, info = train_model(cfg, data_dir, run_dir, variant, depth, seed, _curve_hook(task, curve_batch))
     model.eval()
     final = measure(model, task.sample(cfg.analysis_sequences, cfg.seq_len, seed=ANALYSIS_SEED), task)
     curve: dict[str, list] = {"step": []}
@@ -280,10 +282,8 @@ def run_one(cfg: MechanismConfig, data_dir: str, out: str, variant: str, depth: 
             curve["step"].append(rec["step"])
             for k in CURVE_KEYS:
                 curve.setdefault(k, []).append(rec.get(f"mech_{k}"))
-    record = {"variant": variant, "depth": depth, "seed": seed, "recipe": recipe, **info, "wall_seconds": time.perf_counter() - t0,
-              "final": final, "curve": curve}
-    atomic_write_json(record_path, json_safe(record))
-    return record
+    return {"variant": variant, "depth": depth, "seed": seed, "recipe": recipe, **info,
+            "wall_seconds": time.perf_counter() - t0, "final": final, "curve": curve}
 
 
 # ------------------------------------------------------------------------------ the study
@@ -308,24 +308,13 @@ def train_runs(cfg: MechanismConfig, out: Path) -> list[dict[str, Any]]:
     plan = cfg.plan()
     if cfg.progress:
         _say(f"{len(plan)} runs of {cfg.steps} steps ({cfg.workers} at a time) in {out}: {cfg.task().describe()}")
-    records: list[dict[str, Any]] = []
+    return run_batch([mechanism_run(cfg, data_dir, out, v, d, s) for v, d, s in plan], workers=cfg.workers,
+                     threads=1, label="mechanism", progress=_progress if cfg.progress else None)
 
-    def done(i: int, record: dict[str, Any]) -> None:
-        records.append(record)
-        if cfg.progress:
-            v, d, s = plan[i]
-            _say(f"[{i + 1}/{len(plan)}] {v} L{d} seed {s}: BOS attention of ordinary positions "
-                 f"{record['final']['bos_attn_ordinary']:.3f}")
 
-    if cfg.workers == 1:
-        for i, (v, d, s) in enumerate(plan):
-            done(i, run_one(cfg, str(data_dir), str(out), v, d, s))
-    else:
-        with ProcessPoolExecutor(max_workers=cfg.workers) as pool:
-            futures = [pool.submit(run_one, cfg, str(data_dir), str(out), v, d, s) for v, d, s in plan]
-            for i, f in enumerate(futures):
-                done(i, f.result())
-    return records
+def _progress(i: int, record: dict[str, Any]) -> str:
+    return (f"{record['variant']} L{record['depth']} seed {record['seed']}: BOS attention of ordinary positions "
+            f"{record['final']['bos_attn_ordinary']:.3f}")
 
 
 RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "norm", "mlp", "qkv_bias", "tie_embeddings",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +38,11 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.fmt import fmt_mean_std
 from gatedattn.infra.io import atomic_write_json, atomic_write_text, json_safe
 from gatedattn.reproduce.mechanism import (
-    REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, ensure_task_data, run_one, study_meta,
+    REMOVAL_RATIO, SINK_SHARE, SINKING, MechanismConfig, ensure_task_data, mechanism_run, study_meta,
 )
 from gatedattn.infra.provenance import say
 from gatedattn.infra.settings import build, check_options, option
+from gatedattn.reproduce.batch import run_batch
 from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
 
 VARIANTS = ("baseline", "gated", "sink")
@@ -136,31 +136,27 @@ class MechCalibrationConfig:
 # ------------------------------------------------------------------------------ training
 def _train(cfg: MechCalibrationConfig, out: Path, jobs: list[tuple[MechLever, int]]) -> dict[str, list[dict]]:
     """Train (or reuse) every (lever, seed) job's three variants; records by lever name."""
-    tasks, data_dirs = [], {}  # one generated stream per length, shared by the levers
+    runs, names, data_dirs = [], [], {}  # one generated stream per length, shared by the levers
     for lever, seed in jobs:
         lcfg = cfg.lever_config(lever, seeds=seed + 1)
         if lcfg.train_tokens not in data_dirs:
             data_dirs[lcfg.train_tokens] = ensure_task_data(lcfg, out / f"data-{lcfg.train_tokens}")
-        data_dir = data_dirs[lcfg.train_tokens]
-        tasks += [(lever.name, lcfg, str(data_dir), str(out / "levers" / lever.name), v, 1, seed) for v in VARIANTS]
-    records: dict[str, list[dict]] = {}
+        for v in VARIANTS:
+            runs.append(mechanism_run(lcfg, data_dirs[lcfg.train_tokens], out / "levers" / lever.name, v, 1, seed,
+                                      name=f"{lever.name}/{v}-L1-s{seed}"))
+            names.append(lever.name)
     if cfg.progress:
-        _say(f"calibration: {len(tasks)} runs of {cfg.steps} steps ({cfg.workers} at a time) in {out}")
+        _say(f"calibration: {len(runs)} runs of {cfg.steps} steps ({cfg.workers} at a time) in {out}")
 
-    def done(i: int, name: str, record: dict) -> None:
+    def progress(i: int, record: dict) -> str:
+        return (f"{names[i]}: {record['variant']} seed {record['seed']} BOS attention "
+                f"{record['final']['bos_attn_ordinary']:.3f}")
+
+    records: dict[str, list[dict]] = {}
+    found = run_batch(runs, workers=cfg.workers, threads=1, label="calibrate-mechanism",
+                      progress=progress if cfg.progress else None)
+    for name, record in zip(names, found):
         records.setdefault(name, []).append(record)
-        if cfg.progress:
-            _say(f"[{i + 1}/{len(tasks)}] {name}: {record['variant']} seed {record['seed']} BOS attention "
-                 f"{record['final']['bos_attn_ordinary']:.3f}")
-
-    if cfg.workers == 1:
-        for i, (name, *args) in enumerate(tasks):
-            done(i, name, run_one(*args))
-    else:
-        with ProcessPoolExecutor(max_workers=cfg.workers) as pool:
-            futures = [(name, pool.submit(run_one, *args)) for name, *args in tasks]
-            for i, (name, f) in enumerate(futures):
-                done(i, name, f.result())
     return records
 
 

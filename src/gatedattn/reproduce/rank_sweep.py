@@ -24,10 +24,11 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.data import TokenData
 from gatedattn.reproduce.study_report import write_study_report
 from gatedattn.reproduce.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, Verdict, Claim, compare, summary_metric
+from gatedattn.reproduce.batch import run_batch
 from gatedattn.reproduce.registry import Flag, list_of
 from gatedattn.reproduce.text.config import FLAGS as TEXT_FLAGS, TextConfig
 from gatedattn.reproduce.text.plan import plan_steps
-from gatedattn.reproduce.text.run import gate_costs, run_apart, run_one
+from gatedattn.reproduce.text.run import gate_costs, run_apart, text_run
 from gatedattn.infra.settings import option
 
 NAME = "rank"  # the study's name in the registry
@@ -97,17 +98,20 @@ def rank_section(results: dict[str, Any], out: Path) -> list[str]:
 def train_sweep(cfg: RankConfig, data_dir: Path, data: TokenData, out: Path) -> dict[str, Any]:
     """Train every sweep point for the same steps; the rows of the sweep."""
     steps, _ = plan_steps(cfg, data, cfg.seeds, counts={REFERENCE: 1, SWEPT: len(cfg.ranks)})
-    rows = []
+    runs, meta = [], []
     for variant, d_int in points(cfg):
         run_cfg = dataclasses.replace(with_rank(cfg, d_int), multiples=())
         costs = gate_costs(run_cfg, data, [variant])[variant]
         for seed in range(cfg.seeds):
             tag = f"{variant}-s{seed}" + (f"-d{d_int}" if d_int is not None else "")
-            run = run_one(run_cfg, data_dir, data, variant, seed, steps, out, tag=tag)
-            analysis = run.get("analysis") or {}
-            rows.append({"variant": variant, "d_int": d_int, "seed": seed, "steps": run["steps"],
-                         "val_loss": analysis.get("val_loss", math.nan), "f_attn": analysis.get("f_attn"),
-                         "diverged": run["diverged"], **costs})
+            runs.append(text_run(run_cfg, data_dir, data, variant, seed, steps, out, tag=tag))
+            meta.append({"variant": variant, "d_int": d_int, "seed": seed, "costs": costs})
+    rows = []
+    for m, run in zip(meta, run_batch(runs)):
+        analysis = run.get("analysis") or {}
+        rows.append({"variant": m["variant"], "d_int": m["d_int"], "seed": m["seed"], "steps": run["steps"],
+                     "val_loss": analysis.get("val_loss", math.nan), "f_attn": analysis.get("f_attn"),
+                     "diverged": run["diverged"], **m["costs"]})
     return {"steps": steps, "rows": rows}
 
 

@@ -14,6 +14,7 @@ continue from their last checkpoint.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -27,12 +28,12 @@ from gatedattn.analysis.analyze import analyze, extrapolate
 from gatedattn.analysis.metrics import seed_stat
 from gatedattn.analysis.registry import TEXT_METRICS, keys
 from gatedattn.data import TokenData, prepare
-from gatedattn.infra.errors import Interrupted
-from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.infra.io import atomic_write_json, json_safe
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.layers.cost import cost
 from gatedattn.models.lm import GatedLM
+from gatedattn.reproduce.batch import Record, Run, check_interrupted, run_batch
 from gatedattn.reproduce.text.config import TextConfig
 from gatedattn.reproduce.text.plan import fit_plan
 from gatedattn.train import TrainConfig, train
@@ -79,17 +80,25 @@ class SinkTracker:
         return {k: float(v) for k, v in out.items() if v is not None}
 
 
-def run_one(cfg: TextConfig, data_dir: Path, data: TokenData, variant: str, seed: int, steps: int,
-            out: Path, *, lr: float | None = None, analyse: bool = True, tag: str | None = None) -> dict[str, Any]:
+def text_run(cfg: TextConfig, data_dir: Path, data: TokenData, variant: str, seed: int, steps: int, out: Path, *,
+             lr: float | None = None, analyse: bool = True, tag: str | None = None) -> Run:
+    """One run of a batch: ``variant`` and ``seed`` trained for ``steps`` into
+    ``out/runs/<tag>`` (resumed from its last checkpoint; a finished run trains no step),
+    then analysed (the analysis kept in the run's ``analysis.json``)."""
     tag = tag or f"{variant}-s{seed}" + (f"-lr{lr:g}" if lr is not None else "")
+    return Run(tag, functools.partial(run_one, cfg, data_dir, data, variant, seed, steps, out, lr=lr, analyse=analyse,
+                                      tag=tag))
+
+
+def run_one(cfg: TextConfig, data_dir: Path, data: TokenData, variant: str, seed: int, steps: int,
+            out: Path, *, lr: float | None, analyse: bool, tag: str) -> dict[str, Any]:
+    """Train (or resume) and analyse the run :func:`text_run` describes; its record."""
     run_dir = out / "runs" / tag
     tcfg = cfg.train_config(variant, seed, steps=steps, out_dir=str(run_dir), lr=lr).replace(data_dir=str(data_dir))
     _say(f"training {tag}: {steps} steps of {tcfg.micro_batch}x{tcfg.seq_len} tokens")
     hook = SinkTracker(data, tcfg.seq_len) if analyse else None
     result = train(tcfg, eval_hook=hook, resume=True)
-    if result.interrupted is not None:  # a signal stops the whole study, not just this run
-        raise Interrupted(f"{result.interrupted}: {tag} stopped after step {result.steps} with a checkpoint; the same "
-                          "command continues it", 128 + result.interrupted_signal)
+    check_interrupted(result, tag)
     run: dict[str, Any] = {
         "variant": variant, "seed": seed, "lr": tcfg.lr, "run_dir": str(run_dir.relative_to(out)),
         "steps": result.steps, "tokens": result.tokens, "diverged": result.diverged,
@@ -106,21 +115,19 @@ def analyse_run(cfg: TextConfig, data: TokenData, run_dir: Path, final_dir: str,
                 tag: str) -> dict[str, Any]:
     """The analysis (and extrapolation) of a finished run; kept in ``analysis.json`` so that
     a later call with the same analysis settings reuses it."""
-    cache = run_dir / "analysis.json"
-    key = {"steps": steps, "analysis_sequences": cfg.analysis_sequences, "multiples": list(cfg.multiples),
-           "seq_len": seq_len}
-    if cache.is_file():
-        saved = read_json_object(cache)
-        if saved.get("key") == key:
-            _say(f"reusing the analysis of {tag}")
-            return saved["run"]
+    cache = Record(run_dir / "analysis.json", {"steps": steps, "analysis_sequences": cfg.analysis_sequences,
+                                               "multiples": list(cfg.multiples), "seq_len": seq_len})
+    saved = cache.load()
+    if saved is not None:
+        _say(f"reusing the analysis of {tag}")
+        return saved["run"]
     model = GatedLM.from_pretrained(final_dir)
     batches = data.val_batches(seq_len=seq_len, batch_size=8, max_batches=math.ceil(cfg.analysis_sequences / 8))
     _say(f"analysing {tag}")
     found = {"analysis": analyze(model, batches, layers_for_maps=[model.cfg.n_layers // 2])}
     if cfg.multiples:
         found["extrapolation"] = extrapolate(model, data, train_len=seq_len, multiples=cfg.multiples, batch_size=4)
-    atomic_write_json(cache, json_safe({"key": key, "run": found}))
+    cache.save({"key": cache.key, "run": found})
     return found
 
 
@@ -230,7 +237,7 @@ def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path,
     cfg, steps, step_s, cuts, decision = fit_plan(cfg, data)
     results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train), "compile_choice": decision}
     for variant in cfg.variants:
-        runs = [run_one(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)]
+        runs = run_batch([text_run(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)])
         results["variants"][variant] = {"runs": runs}
         results["summary"][variant] = summarize(runs)
         atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
