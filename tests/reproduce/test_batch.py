@@ -97,8 +97,8 @@ def _micro_mechanism(out, **changes):
 
     return MechanismConfig(**{**dict(variants=("baseline", "gated"), depths=(1,), deep_variants=(), seeds=1, deep_seeds=1,
                                      steps=3, seq_len=16, micro_batch=4, d_model=16, warmup_steps=0, evals=1,
-                                     analysis_sequences=4, train_tokens=1 << 12, workers=2, out_dir=str(out),
-                                     progress=False), **changes})
+                                     analysis_sequences=4, train_tokens=1 << 12, task_family="random", workers=2,
+                                     out_dir=str(out), progress=False), **changes})
 
 
 def _no_training(monkeypatch):
