@@ -113,7 +113,13 @@ def _interrupt_in(e: BaseException, interrupted: type) -> BaseException | None:
 
 def _run(args: argparse.Namespace, name: str, interrupted: type, expected: tuple) -> int:
     try:
-        return int(args.func(args) or 0)
+        from gatedattn.infra.inputs import check_arguments
+
+        inputs = check_arguments(args)  # no FIFO, device or loop of links is read
+        status = int(args.func(args) or 0)
+        if status == 0:
+            inputs.check_unchanged()
+        return status
     except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
         sys.stderr.close()
         return 0

@@ -31,6 +31,7 @@ from typing import Any
 
 from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.inputs import input_options
 from gatedattn.infra.io import interruptible, loads_json
 from gatedattn.train.rundir import CONFIG as RUN_CONFIG
 
@@ -340,7 +341,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plots", default=None, metavar="DIR",
                    help="also write per-layer, first-token map, sink profile, attention-map and gate-histogram "
                         "PNGs to DIR")
-    p.set_defaults(func=_run_analyze)
+    p.set_defaults(func=_run_analyze, **input_options(("--model", "model"), ("--data", "data"), ("--text", "text")))
 
     p = subparsers.add_parser(
         "extrapolate",
@@ -360,4 +361,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=4,
                    help="windows per forward pass at the longest length (default 4)")
     p.add_argument("--plot", default=None, metavar="FILE", help="also write a loss-vs-length PNG to FILE")
-    p.set_defaults(func=_run_extrapolate)
+    p.set_defaults(func=_run_extrapolate, **input_options(("--model", "model"), ("--data", "data")))

@@ -7,6 +7,8 @@ import json
 import shlex
 import sys
 
+from gatedattn.infra.inputs import input_options
+
 HELP = "time and size the attention variants against baseline and transformers, on this machine"
 
 
@@ -106,4 +108,4 @@ def register(sub) -> None:
                         "(a .gguf file or a model directory; default the bundled SmolLM2-135M): analysis forward, "
                         "training step, the real-model study's frozen-model step (learnable sinks from its start "
                         "layer up) and greedy decoding, with MFU")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, **input_options(("--real-model", "real_model")))

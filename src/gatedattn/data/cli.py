@@ -15,6 +15,7 @@ import sys
 from gatedattn.data.corpus import DEFAULT_CORPUS_PACKAGES, default_corpus_info
 from gatedattn.data.loader import TokenData
 from gatedattn.data.prepare import prepare
+from gatedattn.infra.inputs import input_options
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -113,7 +114,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true",
                    help="replace an earlier data directory at --out (never a directory that is not one, nor an input)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=_prepare)
+    p.set_defaults(func=_prepare, **input_options(("--input", "input"), ("--tokenizer", "tokenizer"),
+                                                  unscanned=("--input",)))
 
     p = sub.add_parser(
         "info", help="describe a prepared directory, or the default corpus",
@@ -122,4 +124,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("dir", nargs="?", metavar="DIR", help="a directory written by `gatedattn data prepare`")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_info)
+    p.set_defaults(func=_info, **input_options(("DIR", "dir")))

@@ -20,6 +20,7 @@ import torch
 
 from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.inputs import input_options
 from gatedattn.infra.integrity import CHECKSUMS, check_finite, record
 from gatedattn.infra.io import (argv_text, check_no_overlap, check_writable, discard_dir, public_mode,
                                 replace_dir, temp_dir_beside)
@@ -292,7 +293,7 @@ def register(sub) -> None:
     g.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json (default DIR/tokenizer.json)")
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
     g.add_argument("--force", action="store_true", help="use a --tokenizer other than the model's tokenizer.json")
-    g.set_defaults(func=_generate)
+    g.set_defaults(func=_generate, **input_options(("--model", "model"), ("--tokenizer", "tokenizer")))
 
     c = sub.add_parser("convert", help="import a model directory, optionally add a gate, save it (atomically)",
                        description="Import --from (gatedattn, Qwen3, Llama, Qwen2 or official gated-attention "
@@ -319,4 +320,4 @@ def register(sub) -> None:
     c.add_argument("--force", action="store_true",
                    help="replace an earlier output of convert at --to (a directory with checksums.json; never "
                         "another directory, nor --from)")
-    c.set_defaults(func=_convert)
+    c.set_defaults(func=_convert, **input_options(("--from", "from_dir")))

@@ -10,6 +10,7 @@ from typing import Any
 
 from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.infra.guard import study_output
+from gatedattn.infra.inputs import input_options
 from gatedattn.infra.settings import apply_sets, help_text, settings, with_values
 from gatedattn.reproduce.registry import ALWAYS, QUIET_FLAG, Flag, Study
 from gatedattn.reproduce.studies import STUDIES, rewrite
@@ -139,4 +140,4 @@ def register(sub) -> None:
                    help="write report.md and the plots again from --out's results.json (no training; the claims "
                         "judged anew)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run of the whole pipeline")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, **input_options(("--data", "data"), ("--model", "model"), ("--fold", "fold")))

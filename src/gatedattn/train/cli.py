@@ -19,6 +19,7 @@ import sys
 import textwrap
 
 from gatedattn.infra.errors import GatedAttnError, Interrupted
+from gatedattn.infra.inputs import input_options
 from gatedattn.infra.io import check_no_overlap, check_writable
 from gatedattn.infra.settings import apply_sets, help_text, parse_list
 from gatedattn.train.config import TrainConfig
@@ -198,7 +199,8 @@ def register(subparsers) -> None:
                         "without one the data's vocabulary must fit the model's. Not with --preset or model.* keys")
     _common(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=_train)
+    p.set_defaults(func=_train, **input_options(("--data", "data"), ("--init-from", "init_from"),
+                                                ("--resume", "resume"), written=("--resume",)))
 
     p = subparsers.add_parser(
         "sweep", help="train a grid of variants x learning rates with identical data", formatter_class=fmt,
@@ -213,7 +215,7 @@ def register(subparsers) -> None:
     p.add_argument("--lr", required=True, metavar="X,Y,...", help="comma-separated learning rates")
     p.add_argument("--seeds", metavar="S,T,...", help="comma-separated seeds (default: the seed setting)")
     p.add_argument("--json", action="store_true", help="print the rows of sweep.json")
-    p.set_defaults(func=_sweep)
+    p.set_defaults(func=_sweep, **input_options(("--data", "data")))
 
 
 def _common(p) -> None:
