@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,8 @@ def _number_list(text: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    if not values or any(not 0 < v < math.inf for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive finite numbers, got {text!r}")
     return [int(v) if v == int(v) else v for v in values]
 
 
@@ -123,12 +124,13 @@ def _load(args: argparse.Namespace):
     from gatedattn.analysis.analyze import load_any
     from gatedattn.data import TokenData
 
-    from gatedattn.hf.load import verify_model_dir
+    from gatedattn.hf.load import load_config, verify_model_dir
 
     device = model_device(args.device)
     if not Path(args.model).is_dir():
         raise GatedAttnError(f"model directory not found: {args.model}")
     verify_model_dir(args.model)  # config, tokenizer and the manifest's other files (weights: as they are read)
+    _check_extrapolation_memory(args, load_config(args.model), device)
     # before the (possibly large) model: fail fast; the val stream and tokenizer checked against the manifest
     data = TokenData(_data_dir(args), verify=("val",))
     _check_same_tokenizer(Path(args.model), data, args.force)
@@ -140,6 +142,31 @@ def _load(args: argparse.Namespace):
             f"prepare the data with the model's tokenizer (gatedattn data prepare --tokenizer ...)"
         )
     return model, data
+
+
+def _check_analysis_memory(args: argparse.Namespace, cfg, seq_len: int, device) -> None:
+    """``analyze``'s sizes against the memory of ``device``, before any window is built:
+    the windows (--batches x --batch-size x (T + 1) token ids) and one batch's forward
+    pass, with the attention probabilities the analysis reads."""
+    from gatedattn.infra.sizes import check_memory, forward_bytes
+
+    parts = forward_bytes(cfg, args.batch_size, seq_len, attention_probs=True)
+    parts["windows"] = 8 * args.batches * args.batch_size * (seq_len + 1)
+    check_memory("the analysis", parts, {"--batch-size": args.batch_size, "--seq-len": seq_len,
+                                         "--batches": args.batches}, device)
+
+
+def _check_extrapolation_memory(args: argparse.Namespace, cfg, device) -> None:
+    """``extrapolate``'s sizes against the memory of ``device``, before the model is read:
+    every forward pass holds --batch-size windows of the longest length (round(largest
+    of --multiples x --train-len)) or as many tokens in more, shorter windows."""
+    from gatedattn.infra.sizes import check_memory, forward_bytes
+
+    train_len = args.train_len or cfg.max_seq_len
+    longest = max(1, round(max(args.multiples) * train_len))
+    options = {"--batch-size": args.batch_size, "--train-len": train_len,
+               "--multiples": ",".join(map(str, args.multiples))}
+    check_memory("the extrapolation", forward_bytes(cfg, args.batch_size, longest), options, device)
 
 
 def _check_same_tokenizer(model_dir: Path, data, force: bool) -> None:
@@ -200,7 +227,7 @@ def _text_source(args: argparse.Namespace, cfg):
     return data.tokenizer(), data
 
 
-def _analysis_windows(args: argparse.Namespace):
+def _analysis_windows(args: argparse.Namespace, device="cpu"):
     """Everything ``analyze`` checks and builds before the weights are read: the model
     directory and config, the first token, the documents, the windows. Returns
     (windows (N, T+1), FirstToken, where the windows came from)."""
@@ -212,6 +239,8 @@ def _analysis_windows(args: argparse.Namespace):
         raise GatedAttnError(f"model directory not found: {args.model}")
     verify_model_dir(args.model)  # config, tokenizer and the manifest's other files (weights: as they are read)
     cfg = load_config(args.model)
+    seq_len = args.seq_len or min(cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
+    _check_analysis_memory(args, cfg, seq_len, device)
     tokenizer, data = _text_source(args, cfg)
     first = resolve_first_token(args.first_token, cfg, tokenizer_bos=tokenizer_bos(args.model, tokenizer))
     if data is not None:
@@ -219,7 +248,6 @@ def _analysis_windows(args: argparse.Namespace):
     else:
         docs = tokenize_documents(tokenizer, text_documents(args.text))
         source = {"source": "text", "text": [str(p) for p in args.text]}
-    seq_len = args.seq_len or min(cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
     windows = document_windows(docs, seq_len, args.batches * args.batch_size, first.id, seed=args.seed)
     return windows, first, {**source, "documents": len(docs), "seed": args.seed}
 
@@ -232,7 +260,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     _check_outputs(args)
     with interruptible(_STOPPED):
         device = model_device(args.device)
-        windows, first, source = _analysis_windows(args)
+        windows, first, source = _analysis_windows(args, device)
         model = load_any(args.model, device=device)
         result = analyze(model, windows.split(args.batch_size), layers_for_maps=args.layers, eps=args.eps,
                          first_token=first)

@@ -57,6 +57,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_real_model(args: argparse.Namespace) -> int:
+    from gatedattn.bench.config import MAX_ROUNDS
     from gatedattn.bench.real_model import format_real_model, run_real_model_bench
     from gatedattn.infra.errors import ConfigError
     from gatedattn.infra.io import atomic_write_json
@@ -70,8 +71,9 @@ def _run_real_model(args: argparse.Namespace) -> int:
     shape = dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0) if args.quick else {}
     for name in ("repeats", "warmup"):
         if getattr(args, name) is not None:
-            if getattr(args, name) < (1 if name == "repeats" else 0):
-                raise ConfigError(f"--{name} must be >= {1 if name == 'repeats' else 0}, got {getattr(args, name)}")
+            low = 1 if name == "repeats" else 0
+            if not low <= getattr(args, name) <= MAX_ROUNDS:
+                raise ConfigError(f"--{name} must be an integer in [{low}, {MAX_ROUNDS:,}], got {getattr(args, name)}")
             shape[name] = getattr(args, name)
     res = run_real_model_bench(args.real_model or None, dtype=args.dtype, **shape)
     if args.out:

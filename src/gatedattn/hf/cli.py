@@ -99,7 +99,7 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
     """Prompt plus continuation, decoded. BOS is prepended when the model config has one.
     ``max_new_tokens`` (default: 64, or what the model's context leaves) must fit the context."""
     from gatedattn.hf.gguf import gguf_file_of
-    from gatedattn.hf.load import load_model, verify_model_dir
+    from gatedattn.hf.load import load_config, load_model, verify_model_dir
 
     prompt = argv_text(prompt)  # UTF-8 bytes that a C locale decoded as surrogates
     _check_sampling(prompt, max_new_tokens, temperature, top_k, seed)
@@ -108,6 +108,8 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
         raise GatedAttnError(f"--model {model_dir} is not a directory or a .gguf file (no model there)")
     dev = model_device(device)
     verify_model_dir(model_dir)  # the model's own tokenizer.json is checked with the rest
+    cfg = load_config(model_dir)  # the sizes, checked before the weights are read
+    _check_decoding_size(cfg, max_new_tokens, dev)
     tok = _model_tokenizer(model_dir, tokenizer, force)
     model = load_model(model_dir, device=dev)
     cfg = model.cfg
@@ -132,6 +134,21 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
                          generator=generator, use_cache=True, eos_token_id=cfg.eos_token_id)
     start = 1 if cfg.bos_token_id is not None else 0
     return tok.decode(out[0, start:].tolist(), skip_special_tokens=True)
+
+
+def _check_decoding_size(cfg, max_new_tokens: int | None, device) -> None:
+    """``--max-new-tokens`` within the model's context and, with the weights, its KV cache
+    (every layer's keys and values for each new position) within the memory of ``device``."""
+    from gatedattn.infra.sizes import check_memory, kv_cache_bytes_per_token, model_params
+
+    if max_new_tokens is None:
+        return
+    context = getattr(cfg, "max_seq_len", None)
+    if context is not None and max_new_tokens > context:
+        raise GatedAttnError(f"--max-new-tokens {max_new_tokens} exceeds the model's context of {context} tokens")
+    check_memory("decoding", {"weights": 4 * model_params(cfg),
+                              "KV cache": kv_cache_bytes_per_token(cfg) * (max_new_tokens + 1)},
+                 {"--max-new-tokens": max_new_tokens}, device)
 
 
 def _check_sampling(prompt: str, max_new_tokens: int | None, temperature: float, top_k: int | None,

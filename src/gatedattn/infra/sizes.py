@@ -181,3 +181,58 @@ def check_budget_minutes(minutes: Any, flag: str = "--budget-minutes") -> None:
             or not 0 < minutes <= MAX_BUDGET_MINUTES:
         raise GatedAttnError(f"{flag} {minutes!r} must be a finite number of minutes in (0, {MAX_BUDGET_MINUTES}] "
                              f"(a week)")
+
+
+def kv_cache_bytes_per_token(model_cfg: Any, bytes_per_value: int = 4) -> int:
+    """What every layer's KV cache holds per cached position (one sequence): keys and
+    values of each KV head (GQA/MHA), or the latent and the shared RoPE key (MLA)."""
+    a = model_cfg.attention
+    heads = _int(a.n_heads)
+    if getattr(a, "kv", None) == "mla" and getattr(a, "mla", None) is not None:
+        per_layer = _int(a.mla.kv_rank) + _int(a.mla.rope_dim)
+    else:
+        kv = _int(a.n_kv_heads) or heads
+        hd = _int(a.head_dim) or (_int(a.d_model) // heads if heads else 0)
+        per_layer = 2 * kv * hd
+    return _int(model_cfg.n_layers) * per_layer * bytes_per_value
+
+
+def forward_bytes(model_cfg: Any, rows: int, seq_len: int, *, attention_probs: bool = False) -> dict[str, int]:
+    """Lower bounds (bytes, float32) on what one forward pass without gradients holds for
+    ``rows`` sequences of ``seq_len`` positions: the weights, the logits and the
+    log-probabilities of the loss (rows x T x vocab x 4 each), one layer's activations
+    (the residual stream, its normed copy, the MLP's hidden units) and, with
+    ``attention_probs`` (an analysis that reads them), one layer's attention
+    probabilities and scores (rows x heads x T x T x 4 each)."""
+    rows, seq = _int(rows), _int(seq_len)
+    a = model_cfg.attention
+    parts = {
+        "weights": 4 * model_params(model_cfg),
+        "logits": 2 * 4 * rows * seq * _int(model_cfg.vocab_size),
+        "activations": 4 * rows * seq * (2 * _int(a.d_model) + _int(model_cfg.ffn_dim)),
+    }
+    if attention_probs:
+        parts["attention probabilities"] = 2 * 4 * rows * _int(a.n_heads) * seq * seq
+    return parts
+
+
+def _option_text(options: dict[str, Any]) -> str:
+    return ", ".join(f"{flag} {value}" for flag, value in options.items())
+
+
+def _size(n: int) -> str:
+    """Bytes in GB, or in MB / KB below one GB / MB (a small device or a small part)."""
+    if n >= GB:
+        return _fmt(n)
+    return f"{n / (1 << 20):,.1f} MB" if n >= 1 << 20 else f"{n / 1024:,.1f} KB"
+
+
+def check_memory(what: str, parts: dict[str, int], options: dict[str, Any], device: Any = "cpu") -> None:
+    """Refuse, before any work, a command whose lower-bound allocation ``parts`` (name ->
+    bytes, from its size ``options``: flag -> value) exceeds the memory of ``device``; the
+    message names the options, the estimate and its parts (largest first) and the limit."""
+    need, have = sum(parts.values()), device_memory(device)
+    if need > have:
+        listed = ", ".join(f"{name} {_size(n)}" for name, n in sorted(parts.items(), key=lambda p: -p[1]) if n)
+        raise GatedAttnError(f"{_option_text(options)}: {what} needs at least {_size(need)} ({listed}); this "
+                             f"{str(device)} has {_size(have)} available: lower {' or '.join(options)}")
