@@ -153,3 +153,25 @@ def test_real_model_bench_rounds_are_bounded_before_the_model_is_read(tmp_path, 
     code, err = run(capsys, "bench", "--real-model", tmp_path / "missing", flag, 10**12)
     assert code == 2 and err == [f"gatedattn bench: error: {flag} must be an integer in [{low}, 10,000], "
                                  f"got {10**12}"], err
+
+
+@pytest.mark.parametrize("flag, value", [("--batch-size", 10**9), ("--seq-len", 10**8)])
+def test_a_study_too_large_to_train_is_refused_before_its_data_or_output(tmp_path, capsys, flag, value):
+    out = tmp_path / "study"
+    code, err = run(capsys, "reproduce", "--study", "text", flag, value, "--out", out)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("gatedattn reproduce: error: --batch-size ") and f"{flag} {value}" in err[0], err
+    assert "this run needs at least" in err[0], err
+    assert not out.exists()
+
+
+def test_every_study_trains_within_memory_at_its_defaults():
+    from gatedattn.reproduce.cli import _train_configs, check_training_sizes
+    from gatedattn.reproduce.studies import STUDIES
+
+    recipes = 0
+    for study in STUDIES.values():
+        for cfg in (study.config(), study.config.quick()):
+            check_training_sizes(cfg)
+            recipes += len(_train_configs(cfg))
+    assert recipes >= 8  # main, text, lr and rank, each at its defaults and quick

@@ -72,9 +72,58 @@ def _run(args: argparse.Namespace) -> int:
     if args.report_only:
         print(f"report: {rewrite(study, cfg.out_dir)}")
         return 0
+    check_training_sizes(cfg)  # before the data is prepared or anything trains
     with study_output(cfg.out_dir, budget_minutes=getattr(cfg, "budget_minutes", None)):  # budget, lock, signals
         print(f"report: {study.run(cfg, _command())}")
     return 0
+
+
+def _train_configs(obj: Any) -> list[Any]:
+    """The ``TrainConfig`` recipes in the study config ``obj`` (its fields, walked)."""
+    import dataclasses
+
+    from gatedattn.train.config import TrainConfig
+
+    if isinstance(obj, TrainConfig):
+        return [obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _train_configs(getattr(obj, f.name))]
+    return []
+
+
+def _data_vocab(data_dir: str | None) -> int | None:
+    """The vocabulary of a prepared data directory's manifest, where it can be read."""
+    from pathlib import Path
+
+    from gatedattn.infra.io import read_json_object
+
+    if not data_dir or not (Path(data_dir) / "manifest.json").is_file():
+        return None
+    try:
+        vocab = read_json_object(Path(data_dir) / "manifest.json").get("vocab_size")
+    except (GatedAttnError, OSError):
+        return None
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+
+
+def check_training_sizes(cfg: Any) -> None:
+    """Every training recipe of the study (``--batch-size``, ``--seq-len``, ``--preset``)
+    against the memory of its device (``sizes.check_training_size``, with the vocabulary
+    of ``--data``, or the smallest one ``data prepare`` makes when the data is not there
+    yet), before any data is prepared or any run trains."""
+    from gatedattn.data.prepare import MIN_VOCAB
+    from gatedattn.infra.device import model_device
+    from gatedattn.infra.sizes import check_training_size
+
+    for train in _train_configs(cfg):
+        if train.init_from is not None:
+            continue
+        model = train.model_config(_data_vocab(train.data_dir) or MIN_VOCAB)
+        try:
+            check_training_size(train, model, model_device(train.device))
+        except GatedAttnError as e:
+            raise GatedAttnError(f"--batch-size {train.micro_batch}, --seq-len {train.seq_len}, --preset "
+                                 f"{train.model.size}: {e}") from None
 
 
 def _kind(flag: Flag) -> tuple:
