@@ -153,3 +153,18 @@ def test_the_files_of_a_written_input_are_not_stamped(tmp_path):
     (tmp_path / "config.json").unlink()
     with pytest.raises(GatedAttnError, match=r"^--data .*config.json was removed while the command read it"):
         stamps.check_unchanged()
+
+
+def test_the_data_a_resumed_run_recorded_is_checked_like_data(tmp_path, capsys):
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    os.mkfifo(data / "train.bin")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"train": {"data_dir": str(data), "out_dir": str(run_dir)}}))
+    code, err = run(["train", "--resume", run_dir], capsys)
+    assert code == 2 and err == [f"gatedattn train: error: the run's data_dir {data} holds train.bin, which is a "
+                                 f"FIFO, not a regular file or directory; give a file or directory (copy a stream "
+                                 f"to a file first)"], err

@@ -32,7 +32,7 @@ from typing import Any
 
 from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
-from gatedattn.infra.inputs import input_options
+from gatedattn.infra.inputs import check_input, input_options
 from gatedattn.infra.io import interruptible, loads_json
 from gatedattn.train.rundir import CONFIG as RUN_CONFIG
 
@@ -117,6 +117,7 @@ def _data_dir(args: argparse.Namespace) -> Path:
         )
     if not found.is_dir():
         raise GatedAttnError(f"the training run used data directory {found}, which is not there; pass --data")
+    check_input(found, "the training run's data directory")  # as --data would be checked
     return found
 
 

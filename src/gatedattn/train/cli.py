@@ -19,7 +19,7 @@ import sys
 import textwrap
 
 from gatedattn.infra.errors import GatedAttnError, Interrupted
-from gatedattn.infra.inputs import input_options
+from gatedattn.infra.inputs import check_input, input_options
 from gatedattn.infra.io import check_no_overlap, check_writable
 from gatedattn.infra.settings import apply_sets, help_text, parse_list
 from gatedattn.train.config import TrainConfig
@@ -91,6 +91,10 @@ def _resumed_config(args) -> TrainConfig:
             raise GatedAttnError(f"{flag} {now} differs from the run's {then!r}; a resumed run keeps its model")
     if args.data is not None:
         cfg = cfg.replace(data_dir=args.data)
+    else:
+        check_input(cfg.data_dir, "the run's data_dir")  # as --data would be checked
+    if init_from is None:
+        check_input(cfg.init_from, "the run's init_from")
     return apply_sets(cfg, args.set, FLAG_KEYS)
 
 
