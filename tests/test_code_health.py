@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,125 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     (pkg / "hf").mkdir()
     (pkg / "hf" / "bundle.py").write_text("from gatedattn.layers.attention import f\n")
     assert upward_imports(pkg) == ["gatedattn/layers/attention.py:2 imports gatedattn.hf.bundle (a higher layer)"]
+
+
+# ---------------------------------------------------------------------------- import circles
+# The imports a module runs when it is imported: module level (also under ``if`` / ``try`` and in
+# class bodies), not inside functions, whose imports run when they are called. Each is an
+# ``import``, a ``from ... import`` or an ``importlib.import_module("...")`` with a literal name;
+# ``from package import name`` imports the submodule ``name`` or, for a name the package exports
+# lazily (its ``_EXPORTS``, ``gatedattn.infra.lazy``), the module that defines it.
+
+def _module_files(src: Path) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of the package at ``src``."""
+    modules = {}
+    for path in sorted(src.rglob("*.py")):
+        parts = path.relative_to(src.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _lazy_exports(tree: ast.Module) -> dict[str, str]:
+    """A package's ``_EXPORTS`` (name -> defining module), {} when it has none."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def _run_at_import(tree: ast.Module):
+    """Every node the module runs when imported (function bodies are skipped)."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _imported_names(node: ast.AST, module: str, package: bool, modules: dict, exports: dict) -> list[str]:
+    """The modules one node imports (absolute names; any package's, not only ours)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".")[: len(module.split(".")) - node.level + (1 if package else 0)]
+            base = ".".join([*parts, *([node.module] if node.module else [])])
+        return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else exports.get(base, {}).get(a.name, base)
+                for a in node.names]
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return [node.args[0].value]
+    return []
+
+
+def import_graph(src: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports when it is imported."""
+    modules = _module_files(src)
+    trees = {name: ast.parse(path.read_text(encoding="utf-8"), str(path)) for name, path in modules.items()}
+    exports = {name: _lazy_exports(tree) for name, tree in trees.items() if modules[name].name == "__init__.py"}
+    graph = {}
+    for name, tree in trees.items():
+        package = modules[name].name == "__init__.py"
+        found = {t for node in _run_at_import(tree) for t in _imported_names(node, name, package, modules, exports)}
+        graph[name] = {m for t in found for m in _with_packages(t, name)} & modules.keys()
+    return graph
+
+
+def _with_packages(target: str, importer: str) -> list[str]:
+    """``target`` and the packages its import runs first: its parents, less those of
+    ``importer`` (already imported when ``importer`` runs)."""
+    parts, own = target.split("."), importer.split(".")
+    return [*(".".join(parts[:i]) for i in range(1, len(parts)) if parts[:i] != own[:i]), target]
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (``[a, b, ..., a]``), or [] when there is none."""
+    state: dict[str, str] = {}  # "open" while on the current path, then "done"
+    for start in sorted(graph):
+        if start in state:
+            continue
+        path, stack = [start], [iter(sorted(graph[start]))]
+        state[start] = "open"
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = "done"
+                stack.pop()
+            elif state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in state:
+                state[nxt] = "open"
+                path.append(nxt)
+                stack.append(iter(sorted(graph.get(nxt, ()))))
+    return []
+
+
+def test_no_import_circle():
+    cycle = find_cycle(import_graph(SRC))
+    assert not cycle, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_circle_check_sees_a_planted_circle(tmp_path):
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"a"}}) == ["a", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    # the shape of the circle the Auto classes had: the config imports the model through importlib
+    pkg = tmp_path / "gatedattn"
+    (pkg / "hf").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "hf" / "__init__.py").write_text('_EXPORTS = {"Model": "gatedattn.hf.auto"}\n')
+    (pkg / "hf" / "auto.py").write_text("from gatedattn.hf.configuration import Config\n")
+    circle = ["gatedattn.hf.auto", "gatedattn.hf.configuration", "gatedattn.hf.auto"]
+    configs = {
+        'import importlib\nif __name__ == "gatedattn.hf.configuration":\n'
+        '    importlib.import_module("gatedattn.hf.auto")\n': circle,
+        "from gatedattn.hf import Model\n": circle,  # a lazy export of the package
+        "import gatedattn.hf.auto as auto\n": circle,
+        "def f():\n    from gatedattn.hf import Model\n": [],  # runs when called, not when imported
+    }
+    for source, expected in configs.items():
+        (pkg / "hf" / "configuration.py").write_text(source)
+        assert find_cycle(import_graph(pkg)) == expected, source
+

@@ -24,7 +24,8 @@ print("ok")
 
 @pytest.mark.slow  # a fresh interpreter each
 @pytest.mark.parametrize("first", ["import gatedattn", "import transformers; import gatedattn",
-                                   "import gatedattn.hf.auto", "import gatedattn.hf.configuration"])
+                                   "import gatedattn.hf.auto", "import gatedattn.hf.configuration",
+                                   "from gatedattn.hf import register_auto"])
 def test_auto_classes_after_plain_import(tmp_path, first):
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(first=first), str(tmp_path / "m")],
                           capture_output=True, text=True, timeout=300)

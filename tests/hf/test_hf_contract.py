@@ -17,7 +17,7 @@ from gatedattn.infra.errors import ConfigError, GatedAttnError
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from gatedattn.hf.auto import register_auto  # noqa: E402
+from gatedattn.hf.register import register_auto  # noqa: E402
 
 V = 60
 LAYOUTS = {

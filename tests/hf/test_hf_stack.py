@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from gatedattn.infra.errors import GatedAttnError  # noqa: E402
-from gatedattn.hf.auto import register_auto  # noqa: E402
+from gatedattn.hf.register import register_auto  # noqa: E402
 
 V = 60
 

@@ -43,7 +43,7 @@ _EXPORTS = {
     "attention_from_qwen3_next": "gatedattn.hf.layers",
     "attention_from_gpt_oss": "gatedattn.hf.layers",
     "add_gates": "gatedattn.hf.retrofit",
-    "register_auto": "gatedattn.hf.auto",
+    "register_auto": "gatedattn.hf.register",
     "GatedAttnHFConfig": "gatedattn.hf.configuration",
     "GatedAttnForCausalLM": "gatedattn.hf.auto",
 }

@@ -1,6 +1,6 @@
 """transformers Auto classes for gatedattn's own checkpoint format.
 
-After ``register_auto()``, ``AutoConfig.from_pretrained(dir)`` and
+Once ``gatedattn.hf.register`` has registered them, ``AutoConfig.from_pretrained(dir)`` and
 ``AutoModelForCausalLM.from_pretrained(dir)`` work on a directory written by
 ``GatedLM.save_pretrained`` (``"model_type": "gatedattn"``), for every attention
 variant, and ``.generate()`` works on the result.
@@ -37,8 +37,7 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers import (AutoConfig, AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedConfig,
-                          PreTrainedModel)
+from transformers import GenerationConfig, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -52,7 +51,7 @@ from gatedattn.hf.outputs import recording
 from gatedattn.models.lm import MODEL_TYPE, GatedLM, check_state_dict
 from gatedattn.models.shards import parse_size
 
-__all__ = ["GatedAttnForCausalLM", "GatedAttnHFConfig", "register_auto"]
+__all__ = ["GatedAttnForCausalLM", "GatedAttnHFConfig"]
 
 # from_pretrained arguments that do not change what a local gatedattn directory loads as
 _IGNORED_LOAD_ARGS = frozenset({
@@ -311,14 +310,3 @@ def _select(states: tuple[torch.Tensor, ...] | None, selected: Any) -> tuple[tor
     indices = [selected] if isinstance(selected, int) else list(selected)
     n = len(states)
     return tuple(states[i] for i in indices if -n <= i < n)
-
-
-def register_auto() -> None:
-    """Register ``model_type: gatedattn`` with ``AutoConfig`` and ``AutoModelForCausalLM``
-    (idempotent)."""
-    AutoConfig.register(MODEL_TYPE, GatedAttnHFConfig, exist_ok=True)
-    AutoModelForCausalLM.register(GatedAttnHFConfig, GatedAttnForCausalLM, exist_ok=True)
-
-
-if __name__ == "gatedattn.hf.auto":  # imported from the package (not as a self-contained copy)
-    register_auto()

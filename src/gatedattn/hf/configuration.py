@@ -8,7 +8,6 @@ from ``ModelConfig``'s fields, so a field added there needs no edit here.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import typing
 from typing import Any
 
@@ -103,7 +102,3 @@ GatedAttnHFConfig = type("GatedAttnHFConfig", (_ModelConfigBridge, PreTrainedCon
 # the model type is a causal LM (what tools such as lm-eval read to pick their causal-LM path),
 # also where this module is a self-contained copy that nothing registers with the Auto classes
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(MODEL_TYPE, "GatedAttnForCausalLM")
-
-
-if __name__ == "gatedattn.hf.configuration":  # imported from the package (not as a self-contained copy):
-    importlib.import_module("gatedattn.hf.auto")  # the Auto classes register themselves there
