@@ -53,3 +53,11 @@ def test_each_command_parses_its_own_help(command, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([command, "--help"])
     assert e.value.code == 0 and f"gatedattn {command}" in capsys.readouterr().out
+
+
+# the commands whose help needs no PyTorch (the packages of the others import it when imported)
+@pytest.mark.parametrize("command", ["bench", "variants"])
+def test_light_command_help_does_not_import_torch(command):
+    r = subprocess.run([sys.executable, "-c", _PROBE.format(argv=[command, "--help"])], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stderr.strip().splitlines()[-1] == "NO-TORCH 0", r.stderr

@@ -1,4 +1,4 @@
-"""Code health: no function of the package above cyclomatic complexity grade C (radon)."""
+"""Code health: complexity (radon), layer order, no import circle, function-level imports with a reason."""
 
 from __future__ import annotations
 
@@ -219,3 +219,85 @@ def test_the_circle_check_sees_a_planted_circle(tmp_path):
         (pkg / "hf" / "configuration.py").write_text(source)
         assert find_cycle(import_graph(pkg)) == expected, source
 
+
+# ------------------------------------------------------------------- function-level imports
+# An import sits inside a function only for one of these reasons, given as ``# lazy: <reason>``
+# on its line or the line above; every other import is at module level.
+LAZY_REASONS = ("--help must not import torch", "heavy (", "optional extra (", "import circle (")
+
+
+def _function_level_imports(tree: ast.Module) -> list[ast.stmt]:
+    found = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append(child)
+            visit(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return found
+
+
+def _comments(source: str) -> dict[int, tuple[str, bool]]:
+    """Line -> (its comment, whether the comment is the whole line)."""
+    import io
+    import tokenize
+
+    found = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            found[tok.start[0]] = (tok.string, not tok.line[: tok.start[1]].strip())
+    return found
+
+
+def _lazy_reason(comment: str) -> str | None:
+    text = comment.lstrip("#").strip()
+    return text[len("lazy:"):].strip() if text.startswith("lazy:") else None
+
+
+def unexplained_lazy_imports(src: Path) -> list[str]:
+    """Every function-level import under ``src`` without a known reason, as ``file:line import``."""
+    bad = []
+    for path in sorted(src.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        comments, lines = _comments(source), source.splitlines()
+        for node in _function_level_imports(ast.parse(source, str(path))):
+            own, above = comments.get(node.lineno), comments.get(node.lineno - 1)
+            candidates = [own[0]] if own else []
+            candidates += [above[0]] if above and above[1] else []
+            reasons = [r for r in map(_lazy_reason, candidates) if r is not None]
+            if not any(r.startswith(LAZY_REASONS) for r in reasons):
+                bad.append(f"{path.relative_to(src.parent).as_posix()}:{node.lineno} {lines[node.lineno - 1].strip()}")
+    return bad
+
+
+def test_every_function_level_import_says_why():
+    bad = unexplained_lazy_imports(SRC)
+    assert not bad, ("imports inside functions without '# lazy: <reason>' (reasons: " + ", ".join(LAZY_REASONS)
+                     + "); move the others to module level:\n" + "\n".join(bad))
+
+
+def test_the_lazy_import_check_sees_an_unexplained_one(tmp_path):
+    pkg = tmp_path / "gatedattn"
+    pkg.mkdir()
+    (pkg / "m.py").write_text(
+        "import json\n"
+        "\n"
+        "def a():\n"
+        "    import torch  # lazy: heavy (torch)\n"
+        "    # lazy: import circle (gatedattn.n imports gatedattn.m)\n"
+        "    from gatedattn import n\n"
+        "    import os\n"
+        "    import csv  # lazy: it is faster\n"
+        "\n"
+        "class K:\n"
+        "    def b(self):\n"
+        "        text = '# lazy: heavy (torch)'; import re\n"
+        "        x = 1  # lazy: heavy (torch)\n"
+        "        import struct\n"
+        "        return lambda: __import__('x') or [1 for _ in ()]\n")
+    assert unexplained_lazy_imports(pkg) == [
+        "gatedattn/m.py:7 import os", "gatedattn/m.py:8 import csv  # lazy: it is faster",
+        "gatedattn/m.py:12 text = '# lazy: heavy (torch)'; import re", "gatedattn/m.py:14 import struct",
+    ]

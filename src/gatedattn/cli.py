@@ -15,6 +15,7 @@ import sys
 import warnings
 
 from gatedattn import __version__
+from gatedattn.infra.errors import EXPECTED_ERRORS, Interrupted
 
 # command -> (module whose register() adds it, one-line help shown by `gatedattn --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -83,8 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser(command)
         args = parser.parse_args(argv)
-        # light; needed only once the command runs
-        from gatedattn.infra.errors import EXPECTED_ERRORS, Interrupted
     except KeyboardInterrupt:
         print("gatedattn: interrupted", file=sys.stderr)
         return 130

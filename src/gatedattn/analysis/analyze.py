@@ -33,6 +33,7 @@ from gatedattn.analysis.windows import FirstToken
 from gatedattn.layers.config import RopeConfig
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.fmt import finite_or_none, fmt_value
+from gatedattn.models.lm import CONFIG_FILE, MODEL_TYPE, GatedLM
 
 __all__ = [
     "EXTRAPOLATION_METHODS",
@@ -61,8 +62,6 @@ def load_any(directory: str | Path, *, device: str | torch.device = "cpu") -> nn
     ``config.json``) go to ``gatedattn.hf.load_model`` (HF Qwen3 / Qwen2 / Llama,
     Qwen3-Next, the official gated-attention layout, GGUF).
     """
-    from gatedattn.models.lm import CONFIG_FILE, MODEL_TYPE, GatedLM
-
     directory = Path(directory)
     if _is_gguf(directory, CONFIG_FILE):
         return _hf_load_model("the file is GGUF")(directory).to(device)

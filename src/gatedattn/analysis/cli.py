@@ -30,10 +30,20 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from gatedattn.analysis.analyze import (analyze, extrapolate, extrapolation_curves, format_analysis,
+                                        format_extrapolation, load_any)
+from gatedattn.analysis.windows import (document_windows, model_tokenizer, parse_first_token, resolve_first_token,
+                                        text_documents, tokenize_documents, tokenizer_bos, val_documents)
+from gatedattn.data import TokenData
+from gatedattn.hf.load import load_config, verify_model_dir
 from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.inputs import check_input, input_options
-from gatedattn.infra.io import interruptible, loads_json
+from gatedattn.infra.integrity import tokenizer_fingerprint
+from gatedattn.infra.io import atomic_write_json, check_no_overlap, check_writable, interruptible, loads_json
+from gatedattn.infra.outputs import check_file_output
 from gatedattn.train.rundir import CONFIG as RUN_CONFIG
 
 CHECKPOINT_INFO = "checkpoint.json"  # gatedattn.train.checkpoint.INFO_FILE
@@ -122,11 +132,6 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 
 def _load(args: argparse.Namespace):
-    from gatedattn.analysis.analyze import load_any
-    from gatedattn.data import TokenData
-
-    from gatedattn.hf.load import load_config, verify_model_dir
-
     device = model_device(args.device)
     if not Path(args.model).is_dir():
         raise GatedAttnError(f"model directory not found: {args.model}")
@@ -173,8 +178,6 @@ def _check_extrapolation_memory(args: argparse.Namespace, cfg, device) -> None:
 def _check_same_tokenizer(model_dir: Path, data, force: bool) -> None:
     """The model's ``tokenizer.json`` (when it has one) must tokenize like the data's:
     same vocabulary, merges and added tokens. ``--force`` skips the check."""
-    from gatedattn.infra.integrity import tokenizer_fingerprint
-
     mine = model_dir / "tokenizer.json"
     if force or not mine.is_file():
         return
@@ -187,9 +190,6 @@ def _check_same_tokenizer(model_dir: Path, data, force: bool) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output location can be written, before any work."""
-    from gatedattn.infra.io import check_no_overlap, check_writable
-    from gatedattn.infra.outputs import check_file_output
-
     texts = getattr(args, "text", None) or []
     inputs = [("--model", getattr(args, "model", None)), ("--data", getattr(args, "data", None)),
               *(("--text", t) for t in (texts if isinstance(texts, list) else [texts]))]
@@ -204,8 +204,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
     if args.out is not None:
-        from gatedattn.infra.io import atomic_write_json
-
         atomic_write_json(args.out, result)
     print(json.dumps(result) if args.json else text)
 
@@ -213,9 +211,6 @@ def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
 def _text_source(args: argparse.Namespace, cfg):
     """(the model's tokenizer, the ``TokenData`` of ``--data`` or None for ``--text``); the
     data is checked as ``_load`` checks it: val stream, tokenizer, vocabulary."""
-    from gatedattn.analysis.windows import model_tokenizer
-    from gatedattn.data import TokenData
-
     if args.text is not None:
         return model_tokenizer(args.model), None
     data = TokenData(_data_dir(args), verify=("val",))
@@ -232,10 +227,6 @@ def _analysis_windows(args: argparse.Namespace, device="cpu"):
     """Everything ``analyze`` checks and builds before the weights are read: the model
     directory and config, the first token, the documents, the windows. Returns
     (windows (N, T+1), FirstToken, where the windows came from)."""
-    from gatedattn.analysis.windows import (document_windows, resolve_first_token, text_documents,
-                                            tokenize_documents, tokenizer_bos, val_documents)
-    from gatedattn.hf.load import load_config, verify_model_dir
-
     if not Path(args.model).exists():  # a directory, or a GGUF file
         raise GatedAttnError(f"model directory not found: {args.model}")
     verify_model_dir(args.model)  # config, tokenizer and the manifest's other files (weights: as they are read)
@@ -254,8 +245,6 @@ def _analysis_windows(args: argparse.Namespace, device="cpu"):
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    from gatedattn.analysis.analyze import analyze, format_analysis, load_any
-
     if not 0.0 < args.eps < 1.0:
         raise GatedAttnError(f"--eps {args.eps}: the sink threshold is an attention weight, in (0, 1)")
     _check_outputs(args)
@@ -275,9 +264,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
 
 def _analysis_plots(r: dict[str, Any], out: Path) -> list[Path]:
-    import numpy as np
-
-    from gatedattn.analysis import plots
+    from gatedattn.analysis import plots  # lazy: heavy (matplotlib)
 
     name = r["variant"]
     paths = [
@@ -299,8 +286,6 @@ def _analysis_plots(r: dict[str, Any], out: Path) -> list[Path]:
 
 
 def _run_extrapolate(args: argparse.Namespace) -> int:
-    from gatedattn.analysis.analyze import extrapolate, extrapolation_curves, format_extrapolation
-
     _check_outputs(args)
     with interruptible(_STOPPED):
         model, data = _load(args)
@@ -309,7 +294,7 @@ def _run_extrapolate(args: argparse.Namespace) -> int:
     result["model"] = str(args.model)
     result["data"] = str(data.data_dir)
     if args.plot is not None:
-        from gatedattn.analysis import plots
+        from gatedattn.analysis import plots  # lazy: heavy (matplotlib)
 
         path = plots.plot_extrapolation({result["variant"]: extrapolation_curves(result)}, args.plot,
                                         result["train_len"])
@@ -319,8 +304,6 @@ def _run_extrapolate(args: argparse.Namespace) -> int:
 
 
 def _first_token_arg(text: str) -> str | int:
-    from gatedattn.analysis.windows import parse_first_token
-
     try:
         return parse_first_token(text)
     except GatedAttnError as e:

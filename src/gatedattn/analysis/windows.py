@@ -31,7 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from gatedattn.data.corpus import input_source
+from gatedattn.hf import load as hf_load
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.integrity import check_tokenizer
 
 __all__ = [
     "FIRST_TOKEN_MODES",
@@ -152,8 +155,6 @@ def text_documents(paths: Sequence[str | os.PathLike], *, text_field: str = "tex
     """The non-empty texts of ``paths``, one per document: a ``.txt`` / ``.md`` file is one
     document, each line of a ``.jsonl`` one (its ``text_field``), a directory its files
     (as ``gatedattn data prepare`` reads inputs, :mod:`gatedattn.data.corpus`)."""
-    from gatedattn.data.corpus import input_source
-
     if not paths:
         raise GatedAttnError("--text: give at least one .txt, .md or .jsonl file")
     texts = []
@@ -170,9 +171,6 @@ def model_tokenizer(model_dir: str | os.PathLike):
     """The tokenizer of a model (a ``tokenizers.Tokenizer``): ``gatedattn.hf``'s
     ``model_tokenizer`` where this installation has it (a directory's ``tokenizer.json``
     or a GGUF file's embedded tokenizer), else the directory's ``tokenizer.json``."""
-    from gatedattn.hf import load as hf_load
-    from gatedattn.infra.integrity import check_tokenizer
-
     helper = getattr(hf_load, "model_tokenizer", None)  # being added beside GGUF loading
     if helper is not None:
         tokenizer = helper(model_dir)

@@ -7,7 +7,10 @@ import json
 import shlex
 import sys
 
+from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.inputs import input_options
+from gatedattn.infra.io import atomic_write_json
+from gatedattn.infra.outputs import check_file_output
 
 HELP = "time and size the attention variants against baseline and transformers, on this machine"
 
@@ -31,11 +34,9 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gatedattn.bench.config import BenchConfig
-    from gatedattn.bench.report import format_markdown
-    from gatedattn.bench.runner import run_bench
-    from gatedattn.infra.io import atomic_write_json
-    from gatedattn.infra.outputs import check_file_output
+    from gatedattn.bench.config import BenchConfig  # lazy: --help must not import torch
+    from gatedattn.bench.report import format_markdown  # lazy: --help must not import torch
+    from gatedattn.bench.runner import run_bench  # lazy: --help must not import torch
 
     if args.out is not None:  # before minutes of timing, not after
         check_file_output(args.out, "--out", [("--real-model", getattr(args, "real_model", None))])
@@ -57,10 +58,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_real_model(args: argparse.Namespace) -> int:
-    from gatedattn.bench.config import MAX_ROUNDS
-    from gatedattn.bench.real_model import format_real_model, run_real_model_bench
-    from gatedattn.infra.errors import ConfigError
-    from gatedattn.infra.io import atomic_write_json
+    from gatedattn.bench.config import MAX_ROUNDS  # lazy: --help must not import torch
+    from gatedattn.bench.real_model import format_real_model, run_real_model_bench  # lazy: --help must not import torch
 
     others = [flag for flag, given in (("--variants", args.variants), ("--compile", args.compile),
                                        ("--device cuda", args.device == "cuda"), ("--max-spread", args.max_spread),

@@ -11,6 +11,9 @@ from __future__ import annotations
 import torch
 
 from gatedattn.bench.memory import tensors_in, unique_storage_bytes
+from gatedattn.bench.workloads import model_config
+from gatedattn.layers.config import MLAConfig
+from gatedattn.models.lm import GatedLM
 
 
 @torch.no_grad()
@@ -35,10 +38,6 @@ def cache_bytes_per_token(model, *, prompt: int = 8, steps: int = 4, batch: int 
 def mla_vs_gqa(shape) -> dict:
     """Cache bytes per token of an MLA model and of a GQA model (half as many KV heads as
     query heads, at least one) of the bench shape, and their ratio."""
-    from gatedattn.bench.workloads import model_config
-    from gatedattn.layers.config import MLAConfig
-    from gatedattn.models.lm import GatedLM
-
     base = model_config(shape, "baseline")
     head_dim = shape.d_model // shape.n_heads
     gqa_att = base.attention.replace(n_kv_heads=max(1, shape.n_heads // 2))

@@ -30,8 +30,8 @@ CHILD = "import sys; from gatedattn.cli import main; sys.exit(main(sys.argv[1:])
 
 def write_parquet(path: Path, mb: float, row_group: int, seed: int = 0) -> tuple[int, int]:
     """About ``mb`` MB of text in ``path``; returns (documents, text bytes)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: heavy (pyarrow)
+    import pyarrow.parquet as pq  # lazy: heavy (pyarrow)
 
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))

@@ -33,6 +33,8 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.models.mfu import forward_flops, mfu, peak_flops
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.timing import interleaved_times
+from gatedattn.hf import bundled_model_path, load_model
+from gatedattn.hf.load import quiet_transformers
 
 
 # the first layer the real-model study trains on the bundled SmolLM2-135M: the first whose
@@ -42,9 +44,7 @@ STUDY_START_LAYER = 3
 
 def _hf_model(path: Path):
     """transformers' own model of the file (GGUF) or directory, float32, eval."""
-    from transformers import AutoModelForCausalLM
-
-    from gatedattn.hf.load import quiet_transformers
+    from transformers import AutoModelForCausalLM  # lazy: heavy (transformers)
 
     with quiet_transformers():
         if path.is_file():
@@ -72,7 +72,7 @@ def _train_step(model: torch.nn.Module, ids: torch.Tensor, logits_of: Callable, 
 def sink_arm(ours, start: int):
     """The real-model study's sink arm of ``ours`` (a copy; ``arms.build_arm``): the model
     and its trainable sinks, those of the layers from ``start`` up."""
-    from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm
+    from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm  # lazy: heavy (matplotlib)
 
     return build_arm(ours, ARM_SPECS["sink"], start)
 
@@ -153,8 +153,6 @@ def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto",
                          decode_new: int = 16, repeats: int = 3, warmup: int = 1,
                          frozen_start: int | None = None) -> dict[str, Any]:
     """Time every workload; a JSON-ready dict with one row per workload kind."""
-    from gatedattn.hf import bundled_model_path, load_model
-
     path = Path(path) if path is not None else bundled_model_path()
     precision = resolve_dtype(dtype, "cpu")
     ours = load_model(path)

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from gatedattn.bench.config import REFERENCE, BenchConfig, Shape
-from gatedattn.infra.provenance import cpu_model
+from gatedattn.infra.provenance import code_version, cpu_model
 from gatedattn.bench.kvcache import mla_vs_gqa
 from gatedattn.bench.memory import cpu_training_bytes, cuda_peak_bytes
 from gatedattn.bench.targets import evaluate
@@ -56,7 +56,7 @@ def machine(device: torch.device) -> dict:
         "torch": torch.__version__,
     }
     try:
-        import transformers
+        import transformers  # lazy: heavy (transformers)
 
         info["transformers"] = transformers.__version__
     except ImportError:
@@ -213,8 +213,6 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None, say: Callable[[st
     say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = resolve_device(cfg.device)
     precision = resolve_dtype(cfg.dtype, device)
-    from gatedattn.infra.provenance import code_version
-
     header = {"command": command, "machine": machine(device), "device": str(device),
               "precision": precision.as_dict(), "compile": cfg.compile, "code": code_version(),
               "memory_meter": CUDA_MEMORY if device.type == "cuda" else CPU_MEMORY,

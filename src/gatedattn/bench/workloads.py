@@ -27,6 +27,10 @@ from gatedattn.bench.step import LogitsOf, step_trainer
 from gatedattn.layers.config import AttentionConfig, RopeConfig
 from gatedattn.infra.precision import Precision
 from gatedattn.layers.variants import get_variant
+from gatedattn.hf import attention_from_gpt_oss, attention_from_qwen3_next
+from gatedattn.hf.export import hf_config_for
+from gatedattn.layers.attention import Attention
+from gatedattn.models.lm import GatedLM, ModelConfig
 
 HF_QWEN3_NEXT = "hf:Qwen3NextAttention"
 OURS_QWEN3_NEXT = "ours:gated-from-Qwen3Next"
@@ -77,8 +81,6 @@ def attention_config(shape: Shape, variant: str) -> AttentionConfig:
 
 
 def model_config(shape: Shape, variant: str):
-    from gatedattn.models.lm import ModelConfig
-
     return ModelConfig(vocab_size=shape.vocab_size, n_layers=shape.n_layers, attention=attention_config(shape, variant),
                        ffn_dim=shape.ffn_dim, variant=variant, max_seq_len=shape.seq_len)
 
@@ -107,8 +109,6 @@ def _layer_workload(ctx: Context, module: nn.Module, call: Callable[[nn.Module, 
 
 
 def our_layer(ctx: Context, variant: str) -> Workload:
-    from gatedattn.layers.attention import Attention
-
     torch.manual_seed(0)
     cfg = attention_config(ctx.shape, variant)
     return _layer_workload(ctx, Attention(cfg).to(ctx.device), lambda m, x: m(x), cfg)
@@ -116,11 +116,11 @@ def our_layer(ctx: Context, variant: str) -> Workload:
 
 def hf_layers(ctx: Context) -> dict[str, Workload]:
     """Qwen3NextAttention and GptOssAttention, each with our layer converted from it."""
-    from transformers import GptOssConfig, Qwen3NextConfig
+    from transformers import GptOssConfig, Qwen3NextConfig  # lazy: heavy (transformers)
+    # lazy: heavy (transformers)
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention, GptOssRotaryEmbedding
+    # lazy: heavy (transformers)
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextRotaryEmbedding
-
-    from gatedattn.hf import attention_from_gpt_oss, attention_from_qwen3_next
 
     s, dev = ctx.shape, ctx.device
     shape = dict(hidden_size=s.d_model, num_attention_heads=s.n_heads, num_key_value_heads=s.n_kv_heads,
@@ -201,8 +201,6 @@ def _decode_workloads(ctx: Context, generate: Callable[[torch.Tensor, int], torc
 
 def our_model(ctx: Context, variant: str) -> dict[str, Workload]:
     """Training step, decoding and prefill workloads of a ``GatedLM`` with ``variant``."""
-    from gatedattn.models.lm import GatedLM
-
     torch.manual_seed(0)
     model = GatedLM(model_config(ctx.shape, variant)).to(ctx.device).train()
     decode, prefill = _decode_workloads(
@@ -212,10 +210,8 @@ def our_model(ctx: Context, variant: str) -> dict[str, Workload]:
 
 def hf_model(ctx: Context) -> dict[str, Workload]:
     """The same three workloads for ``Qwen3ForCausalLM`` with our baseline model's config."""
-    from transformers import Qwen3ForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    from gatedattn.hf.export import hf_config_for
+    from transformers import Qwen3ForCausalLM  # lazy: heavy (transformers)
+    from transformers.utils import logging as hf_logging  # lazy: heavy (transformers)
 
     hf_logging.set_verbosity_error()
     config = hf_config_for(model_config(ctx.shape, "baseline"))

@@ -42,7 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gatedattn.data.corpus import default_corpus
+from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo, sha256_file
 from gatedattn.infra.errors import ConfigError, GatedAttnError
+from gatedattn.infra.integrity import tokenizer_fingerprint
 from gatedattn.infra.io import atomic_write, atomic_write_text, discard_dir, replace_dir, temp_dir_beside
 
 BOS_TOKEN = "<|bos|>"
@@ -240,8 +243,6 @@ class BigramBackcopy:
         end to end; the trainer reads windows of it with BOS put in front. A window that
         straddles two chains sees one non-bigram transition (one position in CHAIN_LEN).
         Deterministic from ``seed``; written atomically."""
-        from gatedattn.data.loader import FORMAT_VERSION, MANIFEST_FILE, Manifest, SplitInfo, sha256_file
-
         out = Path(out_dir)
         tmp = temp_dir_beside(out)
         try:
@@ -253,8 +254,6 @@ class BigramBackcopy:
                 stream.astype(np.uint16).tofile(path)
                 splits[name] = SplitInfo(path.name, int(n_tokens), n, sha256_file(path))
             atomic_write_text(tmp / "tokenizer.json", self.tokenizer_json())
-            from gatedattn.infra.integrity import tokenizer_fingerprint
-
             manifest = Manifest(
                 format_version=FORMAT_VERSION, dtype="uint16", vocab_size=self.vocab_size, bos_id=self.bos_id,
                 eos_id=self.eos_id, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, tokenizer_file="tokenizer.json",
@@ -272,7 +271,7 @@ class BigramBackcopy:
 
     def tokenizer_json(self) -> str:
         """A word-level ``tokenizers`` tokenizer: one token per character, BOS and EOS special."""
-        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # lazy: heavy (tokenizers)
 
         vocab = {c: i for i, c in enumerate(self.chars)} | {BOS_TOKEN: self.bos_id, EOS_TOKEN: self.eos_id}
         tok = Tokenizer(models.WordLevel(vocab, unk_token=EOS_TOKEN))
@@ -287,8 +286,6 @@ _RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 
 @functools.lru_cache(maxsize=4)
 def _default(n_chars: int, n_triggers: int) -> BigramBackcopy:
-    from gatedattn.data.corpus import default_corpus
-
     try:
         corpus = default_corpus()
     except GatedAttnError:

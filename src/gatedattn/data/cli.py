@@ -16,11 +16,10 @@ from gatedattn.data.corpus import DEFAULT_CORPUS_PACKAGES, default_corpus_info
 from gatedattn.data.loader import TokenData
 from gatedattn.data.prepare import prepare
 from gatedattn.infra.inputs import input_options
+from gatedattn.infra.io import interruptible
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from gatedattn.infra.io import interruptible
-
     stopped = (f"stopped before {args.out} was written (the partial copy beside it is removed; an earlier "
                f"--out is kept as it was); run the same command again to prepare the data")
     with interruptible(stopped):

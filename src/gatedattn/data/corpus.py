@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.outputs import special_kind
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl",)
@@ -285,10 +286,10 @@ def _jsonl_records(path: Path, text_field: str, source: str, on_bytes: OnBytes) 
 
 def _parquet_file(path: Path, text_field: str):
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: heavy (pyarrow)
     except ImportError:
         raise GatedAttnError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: heavy (pyarrow)
 
     try:
         # pre_buffer=False: with pre-buffering (pyarrow's default) iter_batches keeps every column chunk it
@@ -351,8 +352,6 @@ def _check_input_path(p: Path) -> None:
 
 
 def _special_kind(path: Path) -> str:
-    from gatedattn.infra.outputs import special_kind
-
     return special_kind(path) or "not a regular file"
 
 

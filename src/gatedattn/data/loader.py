@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.integrity import check_tokenizer, tokenizer_fingerprint
 from gatedattn.infra.io import read_json_object, recover_missing
 
 FORMAT = "gatedattn-tokens"
@@ -203,8 +204,6 @@ class TokenData:
         """Load the tokenizer and check it against the manifest: the vocabulary size and
         (when recorded) what it tokenizes, so a damaged or swapped ``tokenizer.json`` is
         refused before a run copies it into its model."""
-        from gatedattn.infra.integrity import check_tokenizer, tokenizer_fingerprint
-
         path = self.data_dir / self.manifest.tokenizer_file
         check_tokenizer(path, self.vocab_size, what="data tokenizer")
         want = self.manifest.tokenizer_sha256
@@ -268,7 +267,7 @@ class TokenData:
     def tokenizer(self):
         """The ``tokenizers.Tokenizer`` the streams were encoded with (loaded once)."""
         if self._tokenizer is None:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # lazy: heavy (tokenizers)
 
             self._tokenizer = Tokenizer.from_file(str(self.data_dir / self.manifest.tokenizer_file))
         return self._tokenizer

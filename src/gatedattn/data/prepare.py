@@ -50,6 +50,7 @@ from gatedattn.infra.outputs import check_data_output
 from gatedattn.infra.io import (check_free_space, check_no_overlap, check_replaceable, check_writable, discard_dir,
                                 disk_full_named, replace_dir, temp_dir_beside)
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.integrity import tokenizer_fingerprint
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -205,7 +206,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, *, length: int | None
     encodes (256-byte initial alphabet) and decodes back exactly. The vocabulary may come
     out smaller than ``vocab_size`` on a small corpus.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # lazy: heavy (tokenizers)
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -233,7 +234,7 @@ def _find_token(tok, names: Sequence[str]) -> tuple[str, int] | None:
 
 def load_tokenizer(path: str | os.PathLike):
     """Load a user's ``tokenizer.json``; it must define BOS and EOS tokens."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: heavy (tokenizers)
 
     p = Path(path)
     if not p.is_file():
@@ -382,8 +383,6 @@ def _check_settings(vocab_size: int, val_fraction: float, seed: int) -> None:
 
 
 def _fingerprint(path: Path) -> str:
-    from gatedattn.infra.integrity import tokenizer_fingerprint
-
     return tokenizer_fingerprint(path)
 
 

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.integrity import check_finite, verify_dir
 from gatedattn.infra.io import read_json_object
 
 CONFIG_FILE = "config.json"
@@ -28,8 +30,6 @@ INDEX_FILE = "model.safetensors.index.json"
 def read_config(directory: Path) -> dict[str, Any]:
     """The ``config.json`` of a model directory as a dict, checked against the directory's
     ``checksums.json`` when it has one (and then required to be listed there)."""
-    from gatedattn.infra.integrity import verify_dir
-
     if not directory.is_dir():
         raise GatedAttnError(f"{directory} is not a directory")
     if not (directory / CONFIG_FILE).is_file():
@@ -63,10 +63,6 @@ class TensorSource:
 
     @staticmethod
     def _open(path: Path):
-        from safetensors import SafetensorError, safe_open
-
-        from gatedattn.infra.integrity import verify_dir
-
         if not path.is_file():
             raise GatedAttnError(f"{path} is missing")
         # a directory with a manifest (convert / export_hf wrote it) must list the file, unchanged
@@ -81,8 +77,6 @@ class TensorSource:
             return list(f.keys())
 
     def _from_index(self, index: Path) -> dict[str, Path]:
-        from gatedattn.infra.integrity import verify_dir
-
         verify_dir(index.parent, required=(index.name,), only=(index.name,))
         weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
@@ -104,8 +98,6 @@ class TensorSource:
         return file_of
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import SafetensorError
-
         if name not in self._file_of:
             raise GatedAttnError(f"{self.directory}: tensor {name!r} is missing")
         path = self._file_of[name]
@@ -115,8 +107,6 @@ class TensorSource:
             tensor = self._handles[path].get_tensor(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise GatedAttnError(f"{path}: tensor {name!r} cannot be read ({e})") from None
-        from gatedattn.infra.integrity import check_finite
-
         check_finite({name: tensor}, path)  # floating point, no NaN or infinity
         self._taken.add(name)
         return tensor
@@ -137,8 +127,6 @@ class DictTensorSource:
         self._taken: set[str] = set()
 
     def get(self, name: str) -> torch.Tensor:
-        from gatedattn.infra.integrity import check_finite
-
         if name not in self._tensors:
             raise GatedAttnError(f"{self.directory}: tensor {name!r} is missing")
         tensor = self._tensors[name]

@@ -18,11 +18,16 @@ from pathlib import Path
 
 import torch
 
+from gatedattn.hf.bundle import save_self_contained
+from gatedattn.hf.export import export_hf, hf_config_for
+from gatedattn.hf.gguf import gguf_file_of, gguf_hf_tokenizer, gguf_tokenizer
+from gatedattn.hf.load import load_config, load_model, verify_model_dir
+from gatedattn.hf.retrofit import add_gates
 from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.inputs import input_options
-from gatedattn.infra.integrity import CHECKSUMS, check_finite, record
-from gatedattn.infra.io import (argv_text, check_no_overlap, check_writable, discard_dir, public_mode,
+from gatedattn.infra.integrity import check_finite, check_tokenizer, record, tokenizer_fingerprint
+from gatedattn.infra.io import (argv_text, check_no_overlap, check_writable, discard_dir, interruptible, public_mode,
                                 replace_dir, temp_dir_beside)
 from gatedattn.infra.outputs import check_model_output
 
@@ -37,8 +42,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # --------------------------------------------------------------------------- generate
 def _load_tokenizer(path: Path):
     """A tokenizers ``Tokenizer`` with at least two tokens (:func:`gatedattn.infra.integrity.check_tokenizer`)."""
-    from gatedattn.infra.integrity import check_tokenizer
-
     if not path.is_file():
         raise GatedAttnError(f"tokenizer {path} is missing; pass --tokenizer PATH/tokenizer.json")
     return check_tokenizer(path)
@@ -47,9 +50,6 @@ def _load_tokenizer(path: Path):
 def _check_tokenizer_matches(model_dir: Path, tokenizer: Path, force: bool) -> None:
     """A ``--tokenizer`` other than the model's own ``tokenizer.json`` (or a GGUF file's
     embedded tokenizer) must tokenize alike (vocabulary, merges, added tokens) unless ``force``."""
-    from gatedattn.hf.gguf import gguf_file_of, gguf_tokenizer
-    from gatedattn.infra.integrity import tokenizer_fingerprint
-
     if force:
         return
     gguf = gguf_file_of(model_dir)
@@ -74,8 +74,6 @@ def _check_tokenizer_matches(model_dir: Path, tokenizer: Path, force: bool) -> N
 def _model_tokenizer(model: Path, tokenizer: str | Path | None, force: bool):
     """The tokenizer ``generate`` uses: ``--tokenizer`` (checked against the model's own),
     else the model's ``tokenizer.json`` or a GGUF file's embedded tokenizer."""
-    from gatedattn.hf.gguf import gguf_file_of, gguf_tokenizer
-
     if tokenizer:
         tok = _load_tokenizer(Path(tokenizer))
         _check_tokenizer_matches(model, Path(tokenizer), force)
@@ -98,9 +96,6 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
                   device: str = "cpu", force: bool = False) -> str:
     """Prompt plus continuation, decoded. BOS is prepended when the model config has one.
     ``max_new_tokens`` (default: 64, or what the model's context leaves) must fit the context."""
-    from gatedattn.hf.gguf import gguf_file_of
-    from gatedattn.hf.load import load_config, load_model, verify_model_dir
-
     prompt = argv_text(prompt)  # UTF-8 bytes that a C locale decoded as surrogates
     _check_sampling(prompt, max_new_tokens, temperature, top_k, seed)
     model_dir = Path(model_dir)
@@ -234,12 +229,6 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
     ``fmt``: ``gatedattn`` (any variant; with ``self_contained`` the modelling code is
     written beside the weights), ``hf`` (stock Qwen3/Llama/Qwen2 for a gate-free model,
     Qwen3-Next for a ``gated`` one), ``qwen3-next`` or ``official`` (the paper's layout)."""
-    from gatedattn.hf.bundle import save_self_contained
-    from gatedattn.hf.export import export_hf, hf_config_for
-    from gatedattn.hf.gguf import gguf_file_of, gguf_hf_tokenizer
-    from gatedattn.hf.load import load_model
-    from gatedattn.hf.retrofit import add_gates
-
     if os.fspath(dst) == "" or os.fspath(src) == "":
         raise GatedAttnError(f"{'--to' if os.fspath(dst) == '' else '--from'}: an empty path; give a directory")
     src, dst = Path(src), Path(dst)
@@ -280,8 +269,6 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from gatedattn.infra.io import interruptible
-
     if args.init is not None and args.variant is None:
         raise GatedAttnError("--init needs --variant (it initialises the added gate)")
     stopped = (f"stopped before --to {args.to} was written (the partial copy beside it is removed; an earlier "

@@ -153,7 +153,7 @@ def _common_fields(cfg: ModelConfig, *, partial_rope: bool = False) -> dict[str,
 
 
 def _stock_config(cfg: ModelConfig):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config  # lazy: heavy (transformers)
 
     a, common = cfg.attention, _common_fields(cfg)
     if a.qk_norm:
@@ -164,7 +164,7 @@ def _stock_config(cfg: ModelConfig):
 
 
 def _qwen3_next_config(cfg: ModelConfig):
-    from transformers import Qwen3NextConfig
+    from transformers import Qwen3NextConfig  # lazy: heavy (transformers)
 
     n = cfg.n_layers
     hf = Qwen3NextConfig(**_common_fields(cfg, partial_rope=True), attention_bias=cfg.attention.qkv_bias,
@@ -173,7 +173,7 @@ def _qwen3_next_config(cfg: ModelConfig):
 
 
 def _official_config(cfg: ModelConfig):
-    from transformers import Qwen3Config
+    from transformers import Qwen3Config  # lazy: heavy (transformers)
 
     a = cfg.attention
     headwise = a.gate.granularity == "headwise"

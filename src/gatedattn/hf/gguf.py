@@ -33,7 +33,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from gatedattn.hf.checkpoint import DictTensorSource
+from gatedattn.hf.load import hf_config_object, hf_specs, importer_for, quiet_transformers, read_hf_state
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.sizes import check_model_size
+from gatedattn.models.lm import GatedLM, check_state_dict
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SUFFIX = ".gguf"
@@ -158,7 +162,7 @@ def read_header(path: str | Path) -> Header:
 
 def _parse(path: Path, buf) -> Header:
     """Metadata and tensor table of the GGUF file mapped in ``buf``."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: heavy (gguf)
 
     cur = _Cursor(buf)
     cur.pos = 4
@@ -201,7 +205,7 @@ def _parse(path: Path, buf) -> Header:
 
 def supported_types() -> tuple[str, ...]:
     """The tensor type names that are imported (those this gguf-py knows)."""
-    from gguf import GGMLQuantizationType
+    from gguf import GGMLQuantizationType  # lazy: heavy (gguf)
 
     return tuple(t for t in FLOAT_TYPES + QUANT_TYPES if t in GGMLQuantizationType.__members__)
 
@@ -251,9 +255,7 @@ def _first_line(e: Exception) -> str:
 # --------------------------------------------------------------------------- config
 def _hf_config_dict(header: Header) -> dict[str, Any]:
     """The HF config dict transformers' GGUF loader builds from the file's metadata."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    from gatedattn.hf.load import quiet_transformers
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # lazy: heavy (transformers)
 
     try:
         with quiet_transformers():
@@ -274,8 +276,6 @@ def _hf_config_dict(header: Header) -> dict[str, Any]:
 def gguf_plan(path: str | Path):
     """``(header, HF config dict, Plan)`` of a GGUF file: what ``load_model`` would build,
     from the header and metadata alone."""
-    from gatedattn.hf.load import importer_for
-
     header = read_header(path)
     _check_metadata(header)
     raw = _hf_config_dict(header)
@@ -307,8 +307,6 @@ class _HFNames(torch.nn.Module):
 
 
 def _names_model(raw: dict[str, Any], plan, source: str) -> _HFNames:
-    from gatedattn.hf.load import hf_config_object, hf_specs
-
     specs = hf_specs(plan.cfg, plan.q_layout, zero_centred_norms=plan.zero_centred_norms)
     return _HFNames(hf_config_object(raw, source), [spec.hf_name for spec in specs])
 
@@ -317,6 +315,7 @@ def _check_all_mapped(header: Header, raw: dict[str, Any], names_model: _HFNames
     """Every tensor of the file must map to a HF name the import takes (transformers' loader
     drops the others silently, e.g. llama3's ``rope_freqs.weight``); checked before anything
     is dequantized."""
+    # lazy: heavy (transformers)
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                           get_gguf_hf_weights_map)
 
@@ -330,9 +329,7 @@ def _check_all_mapped(header: Header, raw: dict[str, Any], names_model: _HFNames
 
 def _hf_tensors(header: Header, names_model: _HFNames) -> dict[str, torch.Tensor]:
     """The file's tensors, dequantized to float32, in HF names."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    from gatedattn.hf.load import quiet_transformers
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # lazy: heavy (transformers)
 
     try:
         with quiet_transformers():
@@ -345,11 +342,6 @@ def _hf_tensors(header: Header, names_model: _HFNames) -> dict[str, torch.Tensor
 def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
     """A GGUF file as a ``GatedLM`` (float32 unless ``dtype``), with transformers' logits
     for the same file; everything is refused before any tensor is dequantized."""
-    from gatedattn.hf.checkpoint import DictTensorSource
-    from gatedattn.hf.load import read_hf_state
-    from gatedattn.models.lm import GatedLM, check_state_dict
-    from gatedattn.infra.sizes import check_model_size
-
     header, raw, plan = gguf_plan(path)
     source = str(header.path)
     check_model_size(plan.cfg, source, device)
@@ -371,9 +363,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, device: str
 def gguf_hf_tokenizer(path: str | Path):
     """transformers' tokenizer for the one embedded in a GGUF file (None when the file has
     none): ``AutoTokenizer.from_pretrained(parent, gguf_file=name)``."""
-    from transformers import AutoTokenizer
-
-    from gatedattn.hf.load import quiet_transformers
+    from transformers import AutoTokenizer  # lazy: heavy (transformers)
 
     header = read_header(path)
     if "tokenizer.ggml.model" not in header.metadata:

@@ -42,6 +42,9 @@ from gatedattn.infra.errors import GatedAttnError
 from gatedattn.hf.checkpoint import DictTensorSource, TensorSource, read_config
 from gatedattn.hf.layouts import join_grouped, join_interleaved, split_grouped, split_interleaved
 from gatedattn.models.lm import MODEL_TYPE, GatedLM, ModelConfig, check_state_dict
+from gatedattn.infra.integrity import check_tokenizer, verify_dir
+from gatedattn.infra.io import recover_missing
+from gatedattn.infra.sizes import check_model_size
 
 # model types that look importable but are not (with the reason and what to do instead)
 NOT_SUPPORTED = {
@@ -71,7 +74,7 @@ def _refuse(source: str, field: str, value: Any, why: str) -> GatedAttnError:
 
 def hf_config_object(raw: dict[str, Any], source: str):
     """The transformers config object for ``raw`` (so defaults match transformers exactly)."""
-    from transformers import CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING  # lazy: heavy (transformers)
 
     model_type = raw.get("model_type")
     try:
@@ -89,7 +92,7 @@ def hf_config_object(raw: dict[str, Any], source: str):
 def quiet_transformers():
     """transformers' and torch's warnings off while a config is parsed: a refusal is one line,
     and what matters is in it."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: heavy (transformers)
 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -425,11 +428,9 @@ def verify_model_dir(directory: str | Path) -> None:
     weights must be listed and every listed file (the tokenizer too) unchanged; the weights
     are hashed as they are read (``read_safetensors`` / ``TensorSource``), so they are
     not read twice here."""
-    from gatedattn.infra.integrity import verify_dir
-
     gguf = _gguf(directory)
     if gguf is not None:  # a GGUF file has no manifest: its header is checked (no tensor data is read)
-        from gatedattn.hf.gguf import read_header
+        from gatedattn.hf.gguf import read_header  # lazy: import circle (hf.gguf imports hf.load)
 
         read_header(gguf)
         return
@@ -456,7 +457,7 @@ def _check_nested(raw: dict[str, Any], source: str) -> None:
 
 def _gguf(path: str | Path) -> Path | None:
     """The GGUF file that ``path`` names (itself, or a directory's one ``.gguf`` file), or None."""
-    from gatedattn.hf.gguf import gguf_file_of
+    from gatedattn.hf.gguf import gguf_file_of  # lazy: import circle (hf.gguf imports hf.load)
 
     return gguf_file_of(path)
 
@@ -467,13 +468,10 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
     ``GatedLM`` (float32 unless ``dtype``), verified first (:func:`verify_model_dir`); weights
     that are not floating point or hold NaN or infinity are refused, as is a model too large
     for the device's memory."""
-    from gatedattn.infra.io import recover_missing
-    from gatedattn.infra.sizes import check_model_size
-
     recover_missing(directory)  # a killed replace's previous copy is put back first
     gguf = _gguf(directory)
     if gguf is not None:
-        from gatedattn.hf.gguf import load_gguf
+        from gatedattn.hf.gguf import load_gguf  # lazy: import circle (hf.gguf imports hf.load)
 
         return load_gguf(gguf, dtype=dtype, device=device)
     directory = Path(directory)
@@ -502,7 +500,7 @@ def load_config(directory: str | Path) -> ModelConfig:
     """The ``ModelConfig`` that ``load_model`` would build, without reading weights."""
     gguf = _gguf(directory)
     if gguf is not None:
-        from gatedattn.hf.gguf import gguf_config
+        from gatedattn.hf.gguf import gguf_config  # lazy: import circle (hf.gguf imports hf.load)
 
         return gguf_config(gguf)
     directory = Path(directory)
@@ -517,11 +515,9 @@ def load_config(directory: str | Path) -> ModelConfig:
 def model_tokenizer(path: str | Path):
     """The ``tokenizers.Tokenizer`` of any model path ``load_model`` reads: a directory's
     ``tokenizer.json`` or a GGUF file's embedded tokenizer; None when it has none."""
-    from gatedattn.infra.integrity import check_tokenizer
-
     gguf = _gguf(path)
     if gguf is not None:
-        from gatedattn.hf.gguf import gguf_tokenizer
+        from gatedattn.hf.gguf import gguf_tokenizer  # lazy: import circle (hf.gguf imports hf.load)
 
         return gguf_tokenizer(gguf)
     tokenizer = Path(path) / "tokenizer.json"

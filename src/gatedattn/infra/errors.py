@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
+
+from safetensors import SafetensorError
 
 
 class GatedAttnError(Exception):
@@ -22,9 +25,6 @@ def check_types(obj) -> None:
     have its declared type (``int``, ``float``, ``bool``, ``str``, or one of them ``| None``);
     an int given for a float field becomes a float. Other field types are left to the
     class's own checks."""
-    import dataclasses
-    import typing
-
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         typ, value = hints[f.name], getattr(obj, f.name)
@@ -87,16 +87,8 @@ class Interrupted(GatedAttnError):
         self.status = status
 
 
-def _safetensors_error() -> tuple[type[BaseException], ...]:
-    try:
-        from safetensors import SafetensorError
-    except ImportError:  # pragma: no cover - safetensors is a dependency
-        return ()
-    return (SafetensorError,)
-
-
 # What a user's input or environment can cause (bad values, bad or unreadable files,
 # a full or read-only disk); the CLI prints these as one line. Anything else is a bug.
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
-    GatedAttnError, ValueError, OSError, UnicodeError, *_safetensors_error(),
+    GatedAttnError, ValueError, OSError, UnicodeError, SafetensorError,
 )

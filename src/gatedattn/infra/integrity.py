@@ -167,7 +167,7 @@ def tokenizer_fingerprint(path: str | os.PathLike) -> str:
 def check_tokenizer(path: str | os.PathLike, vocab_size: int | None = None, what: str = "tokenizer") -> Any:
     """Load a ``tokenizer.json`` (a tokenizers ``Tokenizer``); refuse one that does not
     load, has fewer than 2 tokens, or whose vocabulary differs from ``vocab_size``."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: heavy (tokenizers)
 
     path = Path(path)
     if not path.is_file():

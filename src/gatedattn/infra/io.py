@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.errors import GatedAttnError, Interrupted
 
 
 def current_umask() -> int:
@@ -601,8 +601,6 @@ def interruptible(message: Callable[[str], str] | str) -> Iterator[None]:
     """While inside: SIGINT and SIGTERM raise :class:`gatedattn.infra.errors.Interrupted` with the
     one line ``"<SIGNAL>: <message>"`` (what was kept and how to continue) and exit status
     128 + the signal. Outside the main thread (no signals there) it does nothing."""
-    from gatedattn.infra.errors import Interrupted
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

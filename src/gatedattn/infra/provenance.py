@@ -18,14 +18,13 @@ from typing import Any
 
 import torch
 
+import gatedattn
 from gatedattn import __version__
 
 
 def code_version() -> dict[str, Any]:
     """Git commit and dirty flag of the source tree gatedattn was imported from (None when
     it is not a git checkout), and the gatedattn version."""
-    import gatedattn
-
     src = Path(gatedattn.__file__).resolve().parent
     commit, dirty = None, None
     try:

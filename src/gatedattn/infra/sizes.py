@@ -13,10 +13,12 @@ an absurd layer count is refused at once, not after minutes of building layers.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from typing import Any
 
-from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.errors import ConfigError, GatedAttnError
 
 GB = 1 << 30
 
@@ -48,8 +50,6 @@ MAX_LEARNED_POSITIONS = 1 << 24  # rows of a learned position table (RoPE alloca
 def check_limit(owner: str, field: str, value: Any, limit: int) -> None:
     """A ``ConfigError`` naming ``owner.field`` unless ``value`` (an integer, or None) is at most ``limit``."""
     if isinstance(value, int) and not isinstance(value, bool) and value > limit:
-        from gatedattn.infra.errors import ConfigError
-
         raise ConfigError(f"{owner}.{field}={value} is too large; allowed: 1 to {limit:,} "
                           f"(2**{limit.bit_length() - 1})")
 
@@ -91,7 +91,7 @@ def available_memory() -> int | None:
 def device_memory(device: Any = "cpu") -> int:
     """Memory of ``device`` in bytes: the total of a GPU, the available memory of the CPU
     (physical RAM where that is not known)."""
-    import torch
+    import torch  # lazy: heavy (torch)
 
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
@@ -143,8 +143,6 @@ C_INT_MAX = (1 << 63) - 1  # what torch, NumPy and the standard library take as 
 def check_c_ints(obj: Any) -> None:
     """Every integer field of the dataclass ``obj`` below 2**63 (a seed of 2**64 or a window of
     1e20 would overflow inside torch or the standard library, after minutes of work)."""
-    import dataclasses
-
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > C_INT_MAX:
@@ -173,8 +171,6 @@ MAX_BUDGET_MINUTES = 7 * 24 * 60  # a week: beyond it a budget is a typo (and in
 def check_budget_minutes(minutes: Any, flag: str = "--budget-minutes") -> None:
     """A wall-clock budget is a finite number of minutes in (0, a week]; checked before
     any output directory is created."""
-    import math
-
     if minutes is None:
         return
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not math.isfinite(minutes) \

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.layers.cache import KVCache
 
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ID_DTYPES = (torch.int64, torch.int32)
@@ -28,8 +29,6 @@ def check_attention_input(cfg: Any, x: Any, positions: Any, cache: Any, weight_d
     """``x`` (B, T, d_model) floating, B and T at least 1; ``positions`` integer (T,) or
     (B or 1, T); ``cache`` a ``KVCache`` of this layer's shape, batch and dtype (or another
     object with its interface: ``length``, ``update``)."""
-    from gatedattn.layers.cache import KVCache
-
     _check_x(cfg, x, weight_dtype)
     if positions is not None:
         _check_positions(positions, x.shape[0], x.shape[1], tuple(x.shape))

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gatedattn.layers.config import AttentionConfig, GateConfig
-from gatedattn.layers.cost import cost
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.sizes import MODEL_LIMITS, check_flag_range
 from gatedattn.paper import HYGA_LOWRANK, HYGA_OVER_GATED, HYGA_SINK_GAIN, PPL
 
 
@@ -103,6 +103,8 @@ def get_variant(name: str) -> Preset:
 def variant_costs(d_model: int, n_heads: int, n_kv_heads: int | None, head_dim: int | None,
                   seq_len: int, **fields: Any) -> list[dict[str, Any]]:
     """One row per preset: parameters and FLOPs of the layer and of its gate."""
+    from gatedattn.layers.cost import cost  # lazy: --help must not import torch
+
     rows = []
     for preset in VARIANTS.values():
         cfg = preset(d_model, n_heads, n_kv_heads, head_dim, **fields)
@@ -134,8 +136,6 @@ def _format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _run(args) -> int:
-    from gatedattn.infra.sizes import MODEL_LIMITS, check_flag_range
-
     for flag, value, high in (("--d-model", args.d_model, MODEL_LIMITS["d_model"]),
                               ("--n-heads", args.n_heads, MODEL_LIMITS["n_heads"]),
                               ("--n-kv-heads", args.n_kv_heads, MODEL_LIMITS["n_kv_heads"]),

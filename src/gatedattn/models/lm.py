@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -31,7 +33,8 @@ from gatedattn.layers.checks import check_generate_args, check_map_location
 from gatedattn.layers.config import AttentionConfig, RopeConfig
 from gatedattn.infra.errors import ConfigError, GatedAttnError, check_types, refuse_assignment
 from gatedattn.layers.gates import Gate
-from gatedattn.infra.integrity import atomic_model_dir, record as record_checksum, verify_dir, verify_file
+from gatedattn.infra.integrity import (atomic_model_dir, check_finite, read_verified, record as record_checksum,
+                                       verify_dir, verify_file)
 from gatedattn.infra.io import atomic_write_json, read_json_object, recover_missing
 from gatedattn.layers.norm import RMSNorm
 from gatedattn.layers.rope import RopeTables
@@ -522,11 +525,6 @@ def read_safetensors(path: Path, map_location="cpu", *, finite: bool = True) -> 
     """All tensors of a safetensors file, checked against the directory's ``checksums.json``
     (hashed while read); a missing, truncated, corrupt or damaged file, or (``finite``) a
     tensor holding NaN or infinity, is a clear error."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
-    from gatedattn.infra.integrity import check_finite, read_verified
-
     path = Path(path)
     if not path.is_file():
         raise GatedAttnError(f"{path} is missing")

@@ -34,6 +34,11 @@ from typing import Callable
 
 import torch
 
+from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.io import atomic_write_json, read_json
+from gatedattn.infra.provenance import cpu_model
+from gatedattn.layers.cost import cost
+
 CACHE_FILE = "peak_flops.json"
 SCHEMA = "gatedattn-peak-flops/1"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -47,8 +52,6 @@ def forward_flops(cfg, seq_len: int) -> int:
     """Forward FLOPs of one sequence of ``seq_len`` tokens through ``GatedLM(cfg)``
     (``cfg`` a :class:`~gatedattn.models.lm.ModelConfig`): per block the attention layer
     (``gatedattn.cost``) and the MLP's products (SwiGLU three, a two-matrix MLP two), then the LM head."""
-    from gatedattn.layers.cost import cost
-
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1")
     attention = cost(cfg.attention, seq_len).total_flops
@@ -117,8 +120,6 @@ def machine_key(dtype: str, device: torch.device | str = "cpu") -> str:
         major, minor = torch.cuda.get_device_capability(device)
         where = f"cuda|{torch.cuda.get_device_name(device)}|sm_{major}{minor}"
     else:
-        from gatedattn.infra.provenance import cpu_model
-
         where = f"{device.type}|{cpu_model()}|{torch.backends.cpu.get_cpu_capability()}"
     return f"{where}|torch {torch.__version__}|threads {torch.get_num_threads()}|{dtype}"
 
@@ -162,9 +163,6 @@ def measure_peak_flops(dtype: str, device: torch.device | str = "cpu", *, budget
 
 def _read_entries(path: Path) -> dict:
     """The cache's entries; {} when the file is missing, unreadable, corrupt or of another schema."""
-    from gatedattn.infra.errors import GatedAttnError
-    from gatedattn.infra.io import read_json
-
     try:
         data = read_json(path)
     except (GatedAttnError, OSError):
@@ -187,9 +185,6 @@ def peak_flops(dtype: str, device: torch.device | str = "cpu", *, path: str | os
     on a busy machine runs slower, so a later timing can only correct a peak upwards
     (``gatedattn bench`` retimes on every run). A cache that cannot be written leaves the
     peak measured for this call only."""
-    from gatedattn.infra.errors import GatedAttnError
-    from gatedattn.infra.io import atomic_write_json
-
     key = machine_key(dtype, device)
     path = Path(path) if path is not None else cache_path()
     entries = _read_entries(path)

@@ -65,7 +65,7 @@ def write_weights(directory: Path, state: dict[str, torch.Tensor], max_shard_byt
 def read_weights(directory: Path, map_location="cpu") -> dict[str, torch.Tensor]:
     """Every tensor of ``directory``'s ``model.safetensors`` or of its shards (through
     ``read_safetensors``: checksums verified, NaN and infinity refused)."""
-    from gatedattn.models.lm import read_safetensors
+    from gatedattn.models.lm import read_safetensors  # lazy: import circle (models.lm imports models.shards)
 
     single, index = directory / SINGLE_FILE, directory / INDEX_FILE
     if single.is_file() and index.is_file():

@@ -23,10 +23,13 @@ weights beside this optimizer state), whatever its manifest says.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import random
 import re
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +60,11 @@ _META = "gatedattn."  # prefix of the identity entries in a checkpoint's safeten
 
 def run_digest(run: Any) -> str:
     """The sha256 of a run identity (``rundir.run_identity``), as canonical JSON."""
-    import hashlib
-    import json
-
     return hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _weights_metadata(path: Path) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file (its header only is read)."""
-    import json
-    import struct
-
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:

@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
+from pathlib import Path
 
+from gatedattn.cli import main as cli_main
 from gatedattn.infra.errors import GatedAttnError, Interrupted
 from gatedattn.infra.inputs import check_input, input_options
-from gatedattn.infra.io import check_no_overlap, check_writable
+from gatedattn.infra.io import check_no_overlap, check_writable, json_safe, read_json_object
 from gatedattn.infra.settings import apply_sets, help_text, parse_list
-from gatedattn.train.config import TrainConfig
+from gatedattn.train.config import TrainConfig, parse_sets
+from gatedattn.train.loop import train
+from gatedattn.train.rundir import CONFIG
+from gatedattn.train.sweep import SWEEP_MD, sweep
 
 
 def _keys_epilog() -> str:
@@ -64,11 +70,6 @@ def _require(args, *names: str) -> None:
 def _resumed_config(args) -> TrainConfig:
     """``--resume RUN_DIR``: the config the run recorded, with the flags given now (only the
     resumable fields, such as steps, may differ; the resume check says which did)."""
-    from pathlib import Path
-
-    from gatedattn.infra.io import read_json_object
-    from gatedattn.train.rundir import CONFIG
-
     run = Path(args.resume)
     if not run.is_dir():
         raise GatedAttnError(f"--resume {run}: no such run directory")
@@ -109,8 +110,6 @@ def _train_config(args) -> tuple[TrainConfig, bool]:
 def _check_warmup(cfg: TrainConfig, sets: list[str]) -> None:
     """A warm-up longer than the run is an error when ``--set warmup_steps`` asked for it
     (train() itself warns when it is the default's)."""
-    from gatedattn.train.config import parse_sets
-
     problem = cfg.warmup_problem()
     if problem is not None and "warmup_steps" in parse_sets(sets):
         raise GatedAttnError(problem)
@@ -132,15 +131,10 @@ def _summary_line(r) -> str:
 
 
 def _is_main() -> bool:
-    import os
-
     return os.environ.get("RANK", "0") == "0"
 
 
 def _train(args) -> int:
-    from gatedattn.infra.io import json_safe
-    from gatedattn.train.loop import train
-
     cfg, resume = _train_config(args)
     _check_warmup(cfg, args.set)
     check_no_overlap(cfg.out_dir, "--out", [("--data", cfg.data_dir)])
@@ -154,8 +148,6 @@ def _train(args) -> int:
 
 
 def _sweep(args) -> int:
-    from gatedattn.train.sweep import SWEEP_MD, sweep
-
     variants = parse_list(args.variants, str, "--variants")
     lrs = parse_list(args.lr, float, "--lr")
     seeds = parse_list(args.seeds, int, "--seeds") if args.seeds else None
@@ -177,8 +169,6 @@ def _sweep(args) -> int:
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
-            from pathlib import Path
-
             print(Path(base.out_dir, SWEEP_MD).read_text(encoding="utf-8"), end="")
     return 0
 
@@ -242,8 +232,6 @@ def _common(p) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m gatedattn.train.cli train ...``, the same as ``gatedattn train ...``
     (a module path for ``torchrun -m``)."""
-    from gatedattn.cli import main as cli_main
-
     return cli_main(argv)
 
 

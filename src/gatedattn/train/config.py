@@ -26,7 +26,8 @@ from gatedattn.layers.config import AttentionConfig, GateConfig, RopeConfig
 from gatedattn.infra.errors import ConfigError, check_choice, check_types
 from gatedattn.models.lm import SIZE_PRESETS, ModelConfig
 from gatedattn.infra.precision import DTYPES
-from gatedattn.infra.settings import apply_sets, build, check_options, option, parse_value, resolve, settings
+from gatedattn.infra.settings import (apply_sets, build, check_options, option, parse_sets as parse_paths, parse_value,
+                                      resolve, settings)
 from gatedattn.layers.variants import VARIANTS
 
 # ``TrainConfig.trainable``'s named groups (anything else is an fnmatch pattern over parameter
@@ -430,7 +431,5 @@ def lookup(d: Any, path: tuple[str, ...]) -> Any:
 def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``["lr=3e-3", "gate.activation=silu"]`` -> ``{"lr": 0.003, "model.gate.activation": "silu"}``
     (full keys; values parsed by type)."""
-    from gatedattn.infra.settings import parse_sets as parse_paths
-
     by_path = {s.path: s.key for s in settings(TrainConfig)}
     return {by_path[path]: value for path, value in parse_paths(TrainConfig, sets).items()}

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gatedattn.infra.device import resolve_device
 from gatedattn.infra.errors import ConfigError, GatedAttnError
@@ -83,8 +85,7 @@ def wrap(model: nn.Module, env: DistEnv, fsdp: bool) -> nn.Module:
     if fsdp:
         if not env.distributed:
             raise ConfigError("TrainConfig.fsdp=True needs a distributed launch (torchrun with WORLD_SIZE > 1)")
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # lazy: heavy (torch.distributed.fsdp)
 
         mesh = init_device_mesh(env.device.type, (env.world_size,))
         for block in model.blocks:
@@ -93,8 +94,6 @@ def wrap(model: nn.Module, env: DistEnv, fsdp: bool) -> nn.Module:
         return model
     if not env.distributed:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
 
 
@@ -163,6 +162,7 @@ def run_on_main(fn, env: DistEnv) -> Any:
 def full_model_state(model: nn.Module, env: DistEnv, fsdp: bool) -> dict[str, torch.Tensor]:
     """The full (unsharded) model state dict on rank 0, on the CPU; other ranks get {}."""
     if fsdp:
+        # lazy: heavy (torch.distributed.checkpoint)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -171,6 +171,7 @@ def full_model_state(model: nn.Module, env: DistEnv, fsdp: bool) -> dict[str, to
 
 def full_optimizer_state(model: nn.Module, opt, env: DistEnv, fsdp: bool) -> dict[str, Any]:
     if fsdp:
+        # lazy: heavy (torch.distributed.checkpoint)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -180,6 +181,7 @@ def full_optimizer_state(model: nn.Module, opt, env: DistEnv, fsdp: bool) -> dic
 
 def load_optimizer_state(model: nn.Module, opt, state: dict[str, Any], fsdp: bool) -> None:
     if fsdp:
+        # lazy: heavy (torch.distributed.checkpoint)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         opts = StateDictOptions(full_state_dict=True)

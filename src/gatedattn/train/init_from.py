@@ -21,7 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gatedattn.data import TokenData
+from gatedattn.hf import add_gates, load_model
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.integrity import tokenizer_fingerprint
 from gatedattn.models.lm import GatedLM, ModelConfig, load_model_config
 from gatedattn.train import checkpoint as ckpt_mod
 
@@ -32,8 +34,6 @@ def load_init_model(cfg, data: TokenData) -> GatedLM:
     """The model ``cfg.init_from`` names (float32, CPU, in training mode), retrofitted with
     ``cfg.model.variant``'s gate when that is not baseline, checked against the data and
     ``seq_len``; every refusal is one ``GatedAttnError`` line naming ``--init-from``."""
-    from gatedattn.hf import add_gates, load_model
-
     where = f"--init-from {cfg.init_from}"
     check_tokenizer(Path(cfg.init_from), data)  # before the weights are read
     try:
@@ -52,8 +52,6 @@ def load_init_model(cfg, data: TokenData) -> GatedLM:
 
 def check_tokenizer(path: Path, data: TokenData) -> None:
     """A model directory's ``tokenizer.json``, if it has one, must tokenize as the data's."""
-    from gatedattn.infra.integrity import tokenizer_fingerprint
-
     theirs = path / TOKENIZER
     if not path.is_dir() or not theirs.is_file():
         return

@@ -24,7 +24,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterable
 
+from gatedattn.infra.device import resolve_device
 from gatedattn.infra.io import atomic_write_text, json_safe, read_jsonl
+from gatedattn.infra.precision import resolve_dtype
 from gatedattn.models.mfu import Peak, peak_flops, speed_fields, train_flops_per_token
 
 JSONL = "metrics.jsonl"
@@ -60,8 +62,9 @@ class MetricsLog:
         """A SummaryWriter in ``tensorboard/`` when tensorboard is installed (else None);
         on resume it purges the events of steps after the checkpoint."""
         try:
+            # lazy: optional extra (tensorboard)
             import tensorboard  # noqa: F401  (SummaryWriter needs it)
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: optional extra (tensorboard)
         except Exception:
             return None
         return SummaryWriter(str(self.run_dir / TB_DIR), purge_step=None if keep_until is None else keep_until + 1)
@@ -147,9 +150,6 @@ class SpeedMeter:
     def for_config(cls, train_cfg, data) -> "SpeedMeter":
         """The meter of a run of ``train_cfg`` (a ``TrainConfig``) on ``data`` (its
         vocabulary), one process on the config's device."""
-        from gatedattn.infra.device import resolve_device
-        from gatedattn.infra.precision import resolve_dtype
-
         device = resolve_device(train_cfg.device)
         model_cfg = train_cfg.model_config(data.vocab_size, data.bos_id, data.eos_id)
         return cls.measure(model_cfg, train_cfg.seq_len, resolve_dtype(train_cfg.dtype, device).dtype, device)

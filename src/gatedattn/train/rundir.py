@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import shutil
 import socket
 import sys
 import time
@@ -23,9 +24,11 @@ import torch
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.provenance import code_version
 from gatedattn.infra.io import read_json_object
-from gatedattn.infra.io import atomic_write_json
+from gatedattn.infra.io import LOCK_FILE, DirLock, atomic_write_json
 from gatedattn.models.lm import ModelConfig
 from gatedattn.train.config import RESUMABLE_FIELDS, config_diff, lookup, upgrade_dict
+from gatedattn.infra.integrity import tokenizer_fingerprint
+from gatedattn.train.checkpoint import is_temporary, list_checkpoints
 
 CONFIG = "config.json"
 CODE_VERSION = "code_version"
@@ -37,8 +40,6 @@ FINAL = "final"
 def data_fingerprint(data) -> dict[str, Any]:
     """What identifies a data directory's contents (not its path): the streams and the
     tokenizer (what it tokenizes, see ``integrity.tokenizer_fingerprint``)."""
-    from gatedattn.infra.integrity import tokenizer_fingerprint
-
     m = data.manifest
     return {"vocab_size": m.vocab_size, "bos_id": m.bos_id, "eos_id": m.eos_id,
             "train_tokens": m.train.tokens, "train_sha256": m.train.sha256,
@@ -87,9 +88,6 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], ignore_train: fro
 
 def _holds_anything(out: Path) -> bool:
     """Whether ``out`` holds more than a lock file and a killed write's temporaries."""
-    from gatedattn.infra.io import LOCK_FILE
-    from gatedattn.train.checkpoint import is_temporary
-
     return any(p.name != LOCK_FILE and not is_temporary(p) for p in out.iterdir())
 
 
@@ -100,10 +98,6 @@ def remove_new_run_files(out: Path) -> None:
     """After a new run failed before its first checkpoint: remove the files it wrote
     (:data:`RUN_FILES`), so that the corrected command starts afresh in the same ``--out``.
     A run with a checkpoint keeps everything (it resumes)."""
-    import shutil
-
-    from gatedattn.train.checkpoint import list_checkpoints
-
     if list_checkpoints(out):
         return
     for name in RUN_FILES:
@@ -117,8 +111,6 @@ def remove_new_run_files(out: Path) -> None:
 def lock_run(out: Path) -> Any:
     """The run directory's lock (``io.DirLock``): one writer per run; a second one is refused
     naming the first one's PID."""
-    from gatedattn.infra.io import DirLock
-
     return DirLock(out, "run directory")
 
 

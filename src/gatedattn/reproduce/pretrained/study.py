@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos
-from gatedattn.hf import add_gates
+from gatedattn.hf import add_gates, bundled_model_path, load_model
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.models.lm import GatedLM
@@ -47,16 +47,12 @@ def _say(cfg: PretrainedConfig, msg: str) -> None:
 def model_path(cfg: PretrainedConfig) -> Path:
     if cfg.model is not None:
         return Path(cfg.model)
-    from gatedattn.hf import bundled_model_path
-
     return bundled_model_path()
 
 
 def load(cfg: PretrainedConfig) -> tuple[GatedLM, Any, Any, dict[str, Any]]:
     """The model (fp32, eval, frozen; cut to ``truncate_layers``), its tokenizer, the first
     token and a description of both."""
-    from gatedattn.hf import load_model
-
     path = model_path(cfg)
     tokenizer = model_tokenizer(path)
     if tokenizer is None:
