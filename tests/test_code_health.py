@@ -223,7 +223,7 @@ def test_the_circle_check_sees_a_planted_circle(tmp_path):
 # ------------------------------------------------------------------- function-level imports
 # An import sits inside a function only for one of these reasons, given as ``# lazy: <reason>``
 # on its line or the line above; every other import is at module level.
-LAZY_REASONS = ("--help must not import torch", "heavy (", "optional extra (", "import circle (")
+LAZY_REASONS = ("--help must not import torch", "heavy (", "optional extra (", "import circle (", "start-up guard (")
 
 
 def _function_level_imports(tree: ast.Module) -> list[ast.stmt]:

@@ -603,9 +603,7 @@ def test_sigterm_during_prepare_and_convert_is_one_line_and_leaves_nothing(data_
 def test_sigterm_during_analysis_and_the_first_evaluation(data_dir, tmp_path, monkeypatch, capsys):
     from gatedattn.train.trainer import Trainer
 
-    analyze_mod = importlib.import_module("gatedattn.analysis.analyze")
-
-    _signal_during(monkeypatch, analyze_mod, "analyze")
+    _signal_during(monkeypatch, importlib.import_module("gatedattn.analysis.cli"), "analyze")  # as the command calls it
     final = _final(data_dir, tmp_path)
     assert main(["analyze", "--model", str(final), "--data", str(data_dir), "--device", "cpu", "--batches", "1",
                  "--out", str(tmp_path / "r.json")]) == 128 + signal.SIGTERM

@@ -16,6 +16,7 @@ import warnings
 
 from gatedattn import __version__
 from gatedattn.infra.errors import EXPECTED_ERRORS, Interrupted
+from gatedattn.infra.inputs import check_arguments
 
 # command -> (module whose register() adds it, one-line help shown by `gatedattn --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -112,8 +113,6 @@ def _interrupt_in(e: BaseException, interrupted: type) -> BaseException | None:
 
 def _run(args: argparse.Namespace, name: str, interrupted: type, expected: tuple) -> int:
     try:
-        from gatedattn.infra.inputs import check_arguments
-
         inputs = check_arguments(args)  # no FIFO, device or loop of links is read
         status = int(args.func(args) or 0)
         if status == 0:

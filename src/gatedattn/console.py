@@ -14,7 +14,7 @@ import sys
 def main() -> int:
     """Run the command line of ``sys.argv``; an interrupt while it starts exits 130 with one line."""
     try:
-        from gatedattn.cli import main as run
+        from gatedattn.cli import main as run  # lazy: start-up guard (a Ctrl-C while it imports exits 130)
     except KeyboardInterrupt:
         print("gatedattn: interrupted", file=sys.stderr)
         return 130

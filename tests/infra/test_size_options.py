@@ -53,8 +53,10 @@ def no_loading(monkeypatch):
     def reached(*args, **kwargs):
         raise Reached("reached the weights")
 
-    monkeypatch.setattr(analyze_mod, "load_any", reached)
-    monkeypatch.setattr(load_mod, "load_model", reached)
+    for module in (analyze_mod, importlib.import_module("gatedattn.analysis.cli")):
+        monkeypatch.setattr(module, "load_any", reached)
+    for module in (load_mod, importlib.import_module("gatedattn.hf.cli")):
+        monkeypatch.setattr(module, "load_model", reached)
 
 
 def run(capsys, *argv) -> tuple[int, list[str]]:

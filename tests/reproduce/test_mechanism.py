@@ -101,6 +101,7 @@ def test_default_table_falls_back_to_the_built_in_passage(monkeypatch):
         raise GatedAttnError("the default corpus needs packages")
 
     monkeypatch.setattr(corpus, "default_corpus", missing)
+    monkeypatch.setattr(bc, "default_corpus", missing)  # the name as backcopy imported it
     bc._default.cache_clear()
     try:
         fallback = BigramBackcopy.default()

@@ -44,6 +44,7 @@ from gatedattn.infra.inputs import check_input, input_options
 from gatedattn.infra.integrity import tokenizer_fingerprint
 from gatedattn.infra.io import atomic_write_json, check_no_overlap, check_writable, interruptible, loads_json
 from gatedattn.infra.outputs import check_file_output
+from gatedattn.infra.sizes import check_memory, forward_bytes
 from gatedattn.train.rundir import CONFIG as RUN_CONFIG
 
 CHECKPOINT_INFO = "checkpoint.json"  # gatedattn.train.checkpoint.INFO_FILE
@@ -154,8 +155,6 @@ def _check_analysis_memory(args: argparse.Namespace, cfg, seq_len: int, device) 
     """``analyze``'s sizes against the memory of ``device``, before any window is built:
     the windows (--batches x --batch-size x (T + 1) token ids) and one batch's forward
     pass, with the attention probabilities the analysis reads."""
-    from gatedattn.infra.sizes import check_memory, forward_bytes
-
     parts = forward_bytes(cfg, args.batch_size, seq_len, attention_probs=True)
     parts["windows"] = 8 * args.batches * args.batch_size * (seq_len + 1)
     check_memory("the analysis", parts, {"--batch-size": args.batch_size, "--seq-len": seq_len,
@@ -166,8 +165,6 @@ def _check_extrapolation_memory(args: argparse.Namespace, cfg, device) -> None:
     """``extrapolate``'s sizes against the memory of ``device``, before the model is read:
     every forward pass holds --batch-size windows of the longest length (round(largest
     of --multiples x --train-len)) or as many tokens in more, shorter windows."""
-    from gatedattn.infra.sizes import check_memory, forward_bytes
-
     train_len = args.train_len or cfg.max_seq_len
     longest = max(1, round(max(args.multiples) * train_len))
     options = {"--batch-size": args.batch_size, "--train-len": train_len,

@@ -30,6 +30,7 @@ from gatedattn.infra.integrity import check_finite, check_tokenizer, record, tok
 from gatedattn.infra.io import (argv_text, check_no_overlap, check_writable, discard_dir, interruptible, public_mode,
                                 replace_dir, temp_dir_beside)
 from gatedattn.infra.outputs import check_model_output
+from gatedattn.infra.sizes import check_memory, kv_cache_bytes_per_token, model_params
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -134,8 +135,6 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
 def _check_decoding_size(cfg, max_new_tokens: int | None, device) -> None:
     """``--max-new-tokens`` within the model's context and, with the weights, its KV cache
     (every layer's keys and values for each new position) within the memory of ``device``."""
-    from gatedattn.infra.sizes import check_memory, kv_cache_bytes_per_token, model_params
-
     if max_new_tokens is None:
         return
     context = getattr(cfg, "max_seq_len", None)

@@ -4,16 +4,23 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
+from gatedattn.data.prepare import MIN_VOCAB
+from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.infra.guard import study_output
 from gatedattn.infra.inputs import input_options
+from gatedattn.infra.io import read_json_object
+from gatedattn.infra.sizes import check_training_size
 from gatedattn.infra.settings import apply_sets, help_text, settings, with_values
 from gatedattn.reproduce.registry import ALWAYS, QUIET_FLAG, Flag, Study
 from gatedattn.reproduce.studies import STUDIES, rewrite
+from gatedattn.train.config import TrainConfig
 
 CLI_FLAGS = ("--study", "--set", "--report-only", "--quick")  # declared by the command itself
 
@@ -80,10 +87,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _train_configs(obj: Any) -> list[Any]:
     """The ``TrainConfig`` recipes in the study config ``obj`` (its fields, walked)."""
-    import dataclasses
-
-    from gatedattn.train.config import TrainConfig
-
     if isinstance(obj, TrainConfig):
         return [obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -93,10 +96,6 @@ def _train_configs(obj: Any) -> list[Any]:
 
 def _data_vocab(data_dir: str | None) -> int | None:
     """The vocabulary of a prepared data directory's manifest, where it can be read."""
-    from pathlib import Path
-
-    from gatedattn.infra.io import read_json_object
-
     if not data_dir or not (Path(data_dir) / "manifest.json").is_file():
         return None
     try:
@@ -111,10 +110,6 @@ def check_training_sizes(cfg: Any) -> None:
     against the memory of its device (``sizes.check_training_size``, with the vocabulary
     of ``--data``, or the smallest one ``data prepare`` makes when the data is not there
     yet), before any data is prepared or any run trains."""
-    from gatedattn.data.prepare import MIN_VOCAB
-    from gatedattn.infra.device import model_device
-    from gatedattn.infra.sizes import check_training_size
-
     for train in _train_configs(cfg):
         if train.init_from is not None:
             continue
