@@ -38,7 +38,7 @@ class PretrainedConfig:
     batch: int = option(1, gt=0, help="windows per step")
     sink_lr: float = option(1.0, gt=0, help="Adam learning rate of the learnable sink (logits start at 0)")
     gate_lr: float = option(1e-2, gt=0, help="Adam learning rate of the gates (identity init: score 0.5, o_proj x2)")
-    control_lr: float = option(3e-3, gt=0, help="Adam learning rate of the control (a bias on each layer's "
+    control_lr: float = option(3e-2, gt=0, help="Adam learning rate of the control (a bias on each layer's "
                                                 "attention output, starting at 0)")
     sink_layers_eps: float = option(0.2, gt=0, lt=1, help="arms train in the layers from the first whose F-Attn "
                                                           "exceeds this (the layers below run frozen and are cached)")
