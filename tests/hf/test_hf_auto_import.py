@@ -23,9 +23,9 @@ print("ok")
 
 
 @pytest.mark.slow  # a fresh interpreter each
+# (importing gatedattn.hf.auto first goes the configuration's way: auto imports the configuration)
 @pytest.mark.parametrize("first", ["import gatedattn", "import transformers; import gatedattn",
-                                   "import gatedattn.hf.auto", "import gatedattn.hf.configuration",
-                                   "from gatedattn.hf import register_auto"])
+                                   "import gatedattn.hf.configuration", "from gatedattn.hf import register_auto"])
 def test_auto_classes_after_plain_import(tmp_path, first):
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(first=first), str(tmp_path / "m")],
                           capture_output=True, text=True, timeout=300)
