@@ -33,7 +33,8 @@ MAX_SCANNED = 10_000  # entries looked at in one directory input (a text corpus 
 Stamp = tuple[int, int, int]  # size, modification time (ns), inode
 
 
-def _kind(mode: int) -> str | None:
+def mode_kind(mode: int) -> str | None:
+    """``"a FIFO"``, ``"a device"`` or ``"a socket"`` for a file of ``st_mode`` ``mode``, else None."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -56,7 +57,7 @@ def _stat(path: str, where: str) -> os.stat_result | None:
 
 
 def _refuse_special(st: os.stat_result, where: str) -> None:
-    kind = _kind(st.st_mode)
+    kind = mode_kind(st.st_mode)
     if kind is not None:
         raise GatedAttnError(f"{where} is {kind}, not a regular file or directory; give a file or directory "
                              f"(copy a stream to a file first)")

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Iterable
 
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.inputs import mode_kind
 from gatedattn.infra.io import LOCK_FILE, atomic_write_text, check_no_overlap, check_writable, loads_json
 
 CHECKSUMS = "checksums.json"
@@ -35,16 +35,9 @@ STUDY_MARKER = ".gatedattn-study"
 def special_kind(path: str | os.PathLike) -> str | None:
     """``"a FIFO"``, ``"a device"`` or ``"a socket"`` for such a file (links followed), else None."""
     try:
-        mode = os.stat(path).st_mode
+        return mode_kind(os.stat(path).st_mode)
     except OSError:
         return None
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return None
 
 
 def _listed(directory: Path) -> dict[str, str]:

@@ -174,16 +174,20 @@ def _retrofit(r: dict) -> Verdict:
     b, g = c["baseline"], c["gated"]
     n = len(b["runs"])
     text = (f"after {c['steps']} steps ({c['tokens']:,} tokens), {n} data order{'s' if n > 1 else ''} each: F-Attn "
-            f"{c['before']['f_attn']:.3f} before, {_pm(b['f_attn'])} without the gate, {_pm(g['f_attn'])} with it; "
-            f"loss {c['before']['loss']:.3f} → {_pm(b['loss'])} / {_pm(g['loss'])}")
+            f"{c['before']['f_attn']:.3f} before, {mean_pm(b['f_attn'])} without the gate, "
+            f"{mean_pm(g['f_attn'])} with it; "
+            f"loss {c['before']['loss']:.3f} → {mean_pm(b['loss'])} / {mean_pm(g['loss'])}")
     # the sink is not removed: in every data order, the gated run keeps most of the ungated run's F-Attn
     kept = all(gr["f_attn"] > REDUCTION * br["f_attn"] for br, gr in zip(b["runs"], g["runs"]))
     return Verdict(HELD if kept else NOT_HELD, text)
 
 
-def _pm(stat: dict) -> str:
-    """``mean ± std`` of a figure over data orders (the mean alone for one order)."""
-    return f"{stat['mean']:.3f}" if len(stat["values"]) < 2 else f"{stat['mean']:.3f} ± {stat['std']:.3f}"
+def mean_pm(stat: dict, spec: str = ".3f") -> str:
+    """``mean ± std`` of a figure over data orders (the mean alone for one order; – where unmeasured)."""
+    if stat["mean"] is None:
+        return "–"
+    one = format(stat["mean"], spec)
+    return one if len([v for v in stat["values"] if v is not None]) < 2 else f"{one} ± {format(stat['std'], spec)}"
 
 
 # (key, source, claim, judge, the arm it needs: a claim about an arm the study did not train is left out)

@@ -110,17 +110,10 @@ def _continued_lines(r: dict) -> list[str]:
                  f"{b['m_act']:.0f} / {_fmt(b['m_act_ratio'], '.0f')} |")
     for name, label in (("baseline", "trained on, no gate"), ("gated", "trained on, gated")):
         m = c[name]
-        lines.append(f"| {label} | {_pm(m['loss'], '.3f')} | {_pm(m['f_attn'], '.3f')} | {_pm(m['sink_eps'], '.2f')} | "
-                     f"{_pm(m['m_act'], '.0f')} / {_pm(m['m_act_ratio'], '.0f')} |")
+        pm = C.mean_pm
+        lines.append(f"| {label} | {pm(m['loss'])} | {pm(m['f_attn'])} | {pm(m['sink_eps'], '.2f')} | "
+                     f"{pm(m['m_act'], '.0f')} / {pm(m['m_act_ratio'], '.0f')} |")
     return lines + [""]
-
-
-def _pm(stat: dict, spec: str) -> str:
-    """``mean ± std`` over data orders (the mean alone for one order; – where unmeasured)."""
-    if stat["mean"] is None:
-        return "–"
-    one = format(stat["mean"], spec)
-    return one if len([v for v in stat["values"] if v is not None]) < 2 else f"{one} ± {format(stat['std'], spec)}"
 
 
 def pretrained_section(r: dict, out: Path, heading: str = "##", title: str | None = None,

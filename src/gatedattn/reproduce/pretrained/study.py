@@ -293,6 +293,7 @@ def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
 
 
 CONTINUED_RUNS = (("baseline", None), ("gated", "gated"))  # App. A.7: as it is, and with a G1 gate retrofitted
+CONTINUED_FIGURES = ("f_attn", "sink_eps", "m_act", "m_act_ratio")  # the sink figures kept of each run
 
 
 def _continued(cfg: PretrainedConfig, stages: Stages, inp: _Inputs) -> dict[str, Any]:
@@ -323,9 +324,6 @@ def _continued(cfg: PretrainedConfig, stages: Stages, inp: _Inputs) -> dict[str,
                       f"F-Attn {runs[-1]['f_attn']:.3f}")
         out[name] = {"runs": runs, **{k: _mean_std([r[k] for r in runs]) for k in ("loss", *CONTINUED_FIGURES)}}
     return out
-
-
-CONTINUED_FIGURES = ("f_attn", "sink_eps", "m_act", "m_act_ratio")
 
 
 def _continue_training(cfg: PretrainedConfig, base: GatedLM, variant: str | None,
