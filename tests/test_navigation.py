@@ -134,3 +134,24 @@ def test_the_table_entry_follows_the_study_given(navigation):
     names = [f.qual.split(":")[1] for f in w.visited]
     assert names[-1] == "ignored" and "last" not in names  # the other entry's function
     assert "never" not in names and w.count == 4  # ignored() passes no config on
+
+
+GOAL = 30  # the main job's walk comes back to a file already left at most this often
+
+
+def test_the_main_jobs_walk_stays_within_the_goal():
+    spec = importlib.util.spec_from_file_location("navigation_script_real", SCRIPT)
+    nav = importlib.util.module_from_spec(spec)
+    sys.modules["navigation_script_real"] = nav
+    try:
+        spec.loader.exec_module(nav)
+        root = SCRIPT.parent.parent / "src" / "gatedattn"
+        pkg = nav.Package(root)
+        w = nav.walk(pkg, pkg.function("gatedattn.reproduce.cli:_run"))
+    finally:
+        del sys.modules["navigation_script_real"]
+    assert len(w.visited) > 100  # the walk reached the studies, the trainer and the layers
+    visited = {f.qual for f in w.visited}
+    assert {"gatedattn.reproduce.mechanism:run_part", "gatedattn.reproduce.pretrained.study:run_part",
+            "gatedattn.reproduce.text.run:text_part", "gatedattn.train.loop:train"} <= visited
+    assert w.count <= GOAL, f"{w.count} re-entries: {w.reentries.most_common(5)}"

@@ -17,8 +17,8 @@ from gatedattn.reproduce.pretrained import claims as C
 from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, head_stats, train_arm
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, prefix, tail_losses, window_losses
-from gatedattn.reproduce.pretrained.measure import choose_window, noop_curve, pearson, start_layer
-from gatedattn.reproduce.pretrained.study import recovered
+from gatedattn.reproduce.pretrained.measure import noop_curve, pearson
+from gatedattn.reproduce.pretrained.study import choose_window, recovered, start_layer
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ judged anew for ``--report-only``."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,17 +16,13 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.infra.provenance import say
 from gatedattn.infra.settings import option
-from gatedattn.infra.timing import interleaved_times
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.mechanism import MechanismConfig
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.registry import Flag, Section
 from gatedattn.reproduce.report import write_report
 from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
-from gatedattn.reproduce.text.plan import step_fn
-from gatedattn.reproduce.text.run import (
-    add_strongest_layer, gate_costs, start_study, step_speed, study_meta, text_part,
-)
+from gatedattn.reproduce.text.run import start_study, study_meta, text_part
 
 NAME = "main"  # the study's name in the registry
 
@@ -91,19 +86,8 @@ def reproduce(cfg: TextConfig, command: str | None = None, *, parts: Sequence[Ma
         results[part.key].setdefault("minutes", (time.time() - part_started) / 60)
         _say(f"{part.key} done in {results[part.key]['minutes']:.1f} min")
         atomic_write_json(out / "results.json", json_safe(results))
-    cfg, steps, step_s, cuts = text_part(cfg, data_dir, data, out, results)
-    add_strongest_layer(results)
+    cfg = text_part(cfg, data_dir, data, out, results)
     fold_in(results, folds, tuple(foldable))
-    results["gate_cost"] = gate_costs(cfg, data, [*cfg.variants, "gated", "hyga-lowrank"])
-    _say("timing training steps of each variant in interleaved rounds")
-    samples = interleaved_times({v: step_fn(cfg, v, data) for v in cfg.variants}, repeats=cfg.timing_rounds,
-                                warmup=2, per_sample=3)
-    results["step_time_samples"] = samples
-    results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
-    results["step_mfu"] = {v: step_speed(cfg.train_config(v, 0, steps=1_000_000), data, t)
-                           for v, t in results["step_time"].items()}
-    results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
-                             seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
     results["meta"] = study_meta(cfg, data, command, started)
     results["claims"] = judge_all(results)
     atomic_write_json(out / "results.json", json_safe(results))

@@ -13,8 +13,9 @@ Layout of ``out``::
     out/data/                       the generated task (a prepared data directory)
     out/runs/<variant>-L<depth>-s<seed>/   each run (the trainer's files, mechanism.json)
 
-A second call with the same ``out`` reuses finished runs. The study's entry point with
-its report is :func:`gatedattn.reproduce.mechanism_report.run_study`.
+A second call with the same ``out`` reuses finished runs. :func:`run_results` trains and
+summarises; :func:`run_part` is the study as a part of the main job, and
+:func:`gatedattn.reproduce.mechanism_report.run_study` the study alone with its report.
 """
 
 from __future__ import annotations
@@ -299,6 +300,23 @@ def ensure_task_data(cfg: MechanismConfig, out: Path) -> Path:
             return data_dir
     task.write_data_dir(data_dir, train_tokens=cfg.train_tokens, seed=0)
     return data_dir
+
+
+def run_results(cfg: MechanismConfig) -> dict[str, Any]:
+    """Train (or reuse) every run of ``cfg`` in ``cfg.out_dir``; the study's results (the
+    summaries per depth and variant, judged)."""
+    return build_results(cfg, cfg.task(), train_runs(cfg, Path(cfg.out_dir)))
+
+
+def run_part(cfg: MechanismConfig, out: Path) -> dict[str, Any]:
+    """The study as a part of the main job, in ``out/mechanism`` (its runs are reused by a
+    second call); its results, with the wall time it took."""
+    started = time.time()
+    cfg = cfg.replace(out_dir=str(out / "mechanism"), progress=True)
+    say("reproduce", f"the mechanism study ({len(cfg.plan())} runs of {cfg.steps} steps, {cfg.workers} at a time)")
+    results = run_results(cfg)
+    results["minutes"] = (time.time() - started) / 60
+    return results
 
 
 def train_runs(cfg: MechanismConfig, out: Path) -> list[dict[str, Any]]:

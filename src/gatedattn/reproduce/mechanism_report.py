@@ -10,9 +10,8 @@ from gatedattn.analysis import plots
 from gatedattn.analysis.registry import MECHANISM_METRICS, columns
 from gatedattn.infra.fmt import fmt_cell
 from gatedattn.infra.io import atomic_write_json, atomic_write_text, json_safe
-from gatedattn.infra.provenance import say
 from gatedattn.reproduce.mechanism import (
-    DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING, SINKS, MechanismConfig, build_results, study_meta, train_runs,
+    DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING, SINKS, MechanismConfig, run_results, study_meta,
 )
 
 COLUMNS = columns(MECHANISM_METRICS)
@@ -210,23 +209,10 @@ def _deep_seeds(cfg: dict) -> str:
 def run_study(cfg: MechanismConfig, command: str | None = None) -> Path:
     """Run every training of ``cfg``, judge the claims, write the report; returns report.md."""
     started = time.time()
-    out = Path(cfg.out_dir)
-    records = train_runs(cfg, out)
-    results = build_results(cfg, cfg.task(), records)
+    results = run_results(cfg)
     results["meta"] = study_meta(command, started)
-    atomic_write_json(out / "results.json", json_safe(results))
-    return write_mechanism_report(results, out)
-
-
-def run_part(cfg: MechanismConfig, out: Path) -> dict:
-    """The study as a part of the main job, in ``out/mechanism`` (its runs are reused by a
-    second call); its results, with the wall time it took."""
-    started = time.time()
-    cfg = cfg.replace(out_dir=str(out / "mechanism"), progress=True)
-    say("reproduce", f"the mechanism study ({len(cfg.plan())} runs of {cfg.steps} steps, {cfg.workers} at a time)")
-    results = build_results(cfg, cfg.task(), train_runs(cfg, Path(cfg.out_dir)))
-    results["minutes"] = (time.time() - started) / 60
-    return results
+    atomic_write_json(Path(cfg.out_dir) / "results.json", json_safe(results))
+    return write_mechanism_report(results, cfg.out_dir)
 
 
 def mechanism_part(mech: dict, out: Path, heading: str) -> list[str]:

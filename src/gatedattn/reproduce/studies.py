@@ -24,7 +24,6 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce import calibration, lr_study, main_job, mechanism, mechanism_calibration, rank_sweep
 from gatedattn.reproduce.main_job import MainPart, ReproduceConfig, rejudge, reproduce
-from gatedattn.reproduce import mechanism_report
 from gatedattn.reproduce.mechanism_report import mechanism_part, run_study as run_mechanism, write_mechanism_report
 from gatedattn.reproduce.pretrained import config as pretrained_config
 from gatedattn.reproduce.pretrained.report import pretrained_part
@@ -42,7 +41,7 @@ def _fold_sections() -> dict[str, Section]:
 def _main_parts(cfg: ReproduceConfig | None = None) -> list[MainPart]:
     """The main job's parts before natural text, in order (those its config leaves out
     left out; with no config, every one, for writing a report again)."""
-    parts = [("mechanism", mechanism_report.run_part, mechanism_part, mechanism.judge_depths),
+    parts = [("mechanism", mechanism.run_part, mechanism_part, mechanism.judge_depths),
              ("pretrained", pretrained_study.run_part, pretrained_part, pretrained_study.judge_part)]
     return [MainPart(key, functools.partial(run, getattr(cfg, key)) if cfg is not None else None, section, judge)
             for key, run, section, judge in parts if cfg is None or getattr(cfg, key) is not None]

@@ -48,24 +48,6 @@ def noop_curve(model: GatedLM, rows: Tensor, windows: tuple[int, ...]) -> list[d
     return [noop_point(model, rows, w) for w in (0, *sorted(windows, reverse=True))]
 
 
-def choose_window(curve: list[dict], min_gap: float, k_se: float = 4.0) -> tuple[int | None, str]:
-    """The widest window whose gap is at least ``min_gap`` nats and ``k_se`` standard errors:
-    where the first token is clearly needed, and as close to full attention as that allows."""
-    for point in curve:  # widest first; full attention (0) is not a window
-        if point["window"] and point["gap"] >= min_gap and point["gap"] > k_se * point["gap_se"]:
-            return point["window"], (f"the widest window whose loss gap ({point['gap']:.3f} nats) is at least "
-                                     f"{min_gap:g} nats and {k_se:g} standard errors ({point['gap_se']:.3f})")
-    return None, f"no window's loss gap reached {min_gap:g} nats and {k_se:g} standard errors"
-
-
-def start_layer(f_attn_per_layer: list[float | None], eps: float) -> int:
-    """The first layer whose F-Attn exceeds ``eps`` (0 when none does: every layer trains)."""
-    for i, f in enumerate(f_attn_per_layer):
-        if f is not None and f > eps:
-            return i
-    return 0
-
-
 def pearson(xs: list[float], ys: list[float]) -> float | None:
     """Pearson's r of two equally long lists (None when either is constant)."""
     x, y = torch.tensor(xs, dtype=torch.float64), torch.tensor(ys, dtype=torch.float64)

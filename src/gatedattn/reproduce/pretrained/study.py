@@ -28,9 +28,7 @@ from gatedattn.reproduce.pretrained import claims
 from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, head_stats, train_arm
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, position_losses, prefix, tail_losses, window_losses
-from gatedattn.reproduce.pretrained.measure import (
-    choose_window, gap, noop_curve, noop_point, pearson, sink_figures, start_layer,
-)
+from gatedattn.reproduce.pretrained.measure import gap, noop_curve, noop_point, pearson, sink_figures
 from gatedattn.reproduce.pretrained.report import write_pretrained_report
 from gatedattn.reproduce.pretrained.text import study_text
 
@@ -84,6 +82,26 @@ STAGE_FIELDS = {
                   "sink_lr", "streaming_len"),
     "continued": (*_TEXT, "analysis_windows", "eval_windows", "batch", "continued_steps", "continued_lr"),
 }
+
+
+# ------------------------------------------------------------------------------ the study's choices
+def choose_window(curve: list[dict], min_gap: float, k_se: float = 4.0) -> tuple[int | None, str]:
+    """The widest window whose gap is at least ``min_gap`` nats and ``k_se`` standard errors:
+    where the first token is clearly needed, and as close to full attention as that allows."""
+    for point in curve:  # widest first; full attention (0) is not a window
+        if point["window"] and point["gap"] >= min_gap and point["gap"] > k_se * point["gap_se"]:
+            return point["window"], (f"the widest window whose loss gap ({point['gap']:.3f} nats) is at least "
+                                     f"{min_gap:g} nats and {k_se:g} standard errors ({point['gap_se']:.3f})")
+    return None, f"no window's loss gap reached {min_gap:g} nats and {k_se:g} standard errors"
+
+
+def start_layer(f_attn_per_layer: list[float | None], eps: float) -> int:
+    """The first layer whose F-Attn exceeds ``eps`` (0 when none does: every layer trains)."""
+    for i, f in enumerate(f_attn_per_layer):
+        if f is not None and f > eps:
+            return i
+    return 0
+
 
 
 class Stages:

@@ -31,11 +31,12 @@ from gatedattn.data import TokenData, prepare
 from gatedattn.infra.io import atomic_write_json, json_safe
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.provenance import run_meta, say
+from gatedattn.infra.timing import interleaved_times
 from gatedattn.layers.cost import cost
 from gatedattn.models.lm import GatedLM
 from gatedattn.reproduce.batch import Record, Run, check_interrupted, run_batch
 from gatedattn.reproduce.text.config import TextConfig
-from gatedattn.reproduce.text.plan import fit_plan
+from gatedattn.reproduce.text.plan import fit_plan, step_fn
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.metrics import SpeedMeter, read_records
 
@@ -228,11 +229,11 @@ def start_study(cfg: TextConfig) -> tuple[Path, Path, TokenData, dict[str, Any]]
     return out, data_dir, data, results
 
 
-def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path,
-              results: dict[str, Any]) -> tuple[TextConfig, int, dict[str, float], list[str]]:
-    """The natural-text study's training: plan the steps (``fit_plan``), train and analyse
-    every variant and seed into ``results``; the config that ran, its steps, the timed
-    step seconds and what the plan cut."""
+def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path, results: dict[str, Any]) -> TextConfig:
+    """The natural-text study into ``results``: plan the steps (``fit_plan``), train and
+    analyse every variant and seed, then the layer where the baseline's sink is strongest,
+    each variant's gate cost and its training step timed in interleaved rounds (the
+    overhead claim); the config that ran."""
     started = time.time()
     cfg, steps, step_s, cuts, decision = fit_plan(cfg, data)
     results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train), "compile_choice": decision}
@@ -242,7 +243,18 @@ def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path,
         results["summary"][variant] = summarize(runs)
         atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
     results["text_minutes"] = (time.time() - started) / 60
-    return cfg, steps, step_s, cuts
+    add_strongest_layer(results)
+    results["gate_cost"] = gate_costs(cfg, data, [*cfg.variants, "gated", "hyga-lowrank"])
+    _say("timing training steps of each variant in interleaved rounds")
+    samples = interleaved_times({v: step_fn(cfg, v, data) for v in cfg.variants}, repeats=cfg.timing_rounds,
+                                warmup=2, per_sample=3)
+    results["step_time_samples"] = samples
+    results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
+    results["step_mfu"] = {v: step_speed(cfg.train_config(v, 0, steps=1_000_000), data, t)
+                           for v, t in results["step_time"].items()}
+    results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
+                             seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
+    return cfg
 
 
 def study_meta(cfg: TextConfig, data: TokenData, command: str | None, started: float) -> dict[str, Any]:
