@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import torch
 
+from gatedattn import paper as P
 from gatedattn.analysis.metrics import seed_stat
 from gatedattn.analysis.registry import MECHANISM_METRICS, keys
 from gatedattn.data.backcopy import BigramBackcopy
@@ -570,28 +571,49 @@ def _sink_takes_the_role(variant: str):
 SOURCE = "Bigram-Backcopy"  # the mechanism claims' source: the task of Guo et al. 2024 built to show the sink
 
 
-def _claim(key: str, statement: str, needs: tuple[str, ...], judge: Callable[[dict], Verdict]) -> Claim:
-    return Claim(key, SOURCE, statement, "", judge, needs)
+def _claim(key: str, statement: str, paper: str, needs: tuple[str, ...],
+           judge: Callable[[dict], Verdict]) -> Claim:
+    return Claim(key, SOURCE, statement, paper, judge, needs)
+
+
+# what the papers say about each variant's effect on the sink (paper.py's words)
+REMOVAL_TEXT = {"gated": P.GA_REMOVES_SINK, "gated-headwise": P.GA_HEADWISE_SINK, "hyga": P.HYGA_SINK_LEFT,
+                "hyga-lowrank": P.HYGA_SINK_LEFT, "hyga-sink": P.HYGA_SINK_LEFT, "hyga-h": P.HYGA_H_GATE,
+                "hyga-c": P.HYGA_C_GATE}
+HYGA_FULL = ("hyga", "hyga-lowrank", "hyga-sink")  # the variants with HyGA's X-gate, H-gate and C-gate
+
+
+def _below_gated(variant: str):
+    """HyGA's claim over gated attention: less of the sink left than ``gated`` leaves."""
+    def judge(results: dict) -> Verdict:
+        shown = mechanism_sink_shown(results)
+        if shown is not None:
+            return Verdict(NOT_MEASURABLE, shown)
+        return compare(results, variant, "gated", "bos_attn_ordinary", label="BOS attention of ordinary positions")
+
+    return judge
 
 
 MECHANISM_CLAIMS: list[Claim] = [
-    _claim("mech-sink", "The baseline's ordinary positions attend to BOS (≥ 0.5 of their attention)", ("baseline",),
-           _sink_forms),
+    _claim("mech-sink", "The baseline's ordinary positions attend to BOS (≥ 0.5 of their attention)", P.GUO_SINK,
+           ("baseline",), _sink_forms),
     _claim("mech-drain", f"The baseline's BOS value vector drains (‖v_BOS‖ ≤ {DRAIN:g}× the others', every seed)",
-           ("baseline",), _norm_claim("value", None)),
+           P.GUO_DRAIN, ("baseline",), _norm_claim("value", None)),
     _claim("mech-peak", f"The baseline's BOS residual state peaks (‖h_BOS‖ ≥ {PEAK:g}× the others', every seed)",
-           ("baseline",), _norm_claim("resid", None)),
-    *[_claim(f"mech-drain-{v}", f"The value-state drain vanishes with `{v}`", ("baseline", v), _norm_claim("value", v))
-      for v in ("gated",)],
-    *[_claim(f"mech-peak-{v}", f"The residual-state peak vanishes with `{v}`", ("baseline", v), _norm_claim("resid", v))
-      for v in ("gated",)],
-    *[_claim(f"mech-removes-{v}", f"`{v}` removes the sink (≤ 0.5× the baseline's BOS attention)", ("baseline", v),
-             _removes(v)) for v in GATED],
-    *[_claim(f"mech-selective-{v}", f"`{v}`'s gate opens on triggers and closes elsewhere", (v,), _selective(v))
-      for v in GATED],
-    _claim("mech-learnable-sink", "The learnable sink takes the sink's role (`sink`)", ("baseline", "sink"),
-           _sink_takes_the_role("sink")),
-    _claim("mech-learnable-sink-hyga", "HyGA's learnable sink takes the sink's role (`hyga-sink`)",
+           P.GUO_PEAK, ("baseline",), _norm_claim("resid", None)),
+    *[_claim(f"mech-drain-{v}", f"The value-state drain vanishes with `{v}`", P.GA_REMOVES_SINK, ("baseline", v),
+             _norm_claim("value", v)) for v in ("gated",)],
+    *[_claim(f"mech-peak-{v}", f"The residual-state peak vanishes with `{v}`", P.GA_REMOVES_MACT, ("baseline", v),
+             _norm_claim("resid", v)) for v in ("gated",)],
+    *[_claim(f"mech-removes-{v}", f"`{v}` removes the sink (≤ 0.5× the baseline's BOS attention)", REMOVAL_TEXT[v],
+             ("baseline", v), _removes(v)) for v in GATED],
+    *[_claim(f"mech-below-gated-{v}", f"`{v}` leaves less of the sink than `gated` (BOS attention)", P.HYGA_SINK_LEFT,
+             ("baseline", "gated", v), _below_gated(v)) for v in HYGA_FULL],
+    *[_claim(f"mech-selective-{v}", f"`{v}`'s gate opens on triggers and closes elsewhere", P.GA_SPARSE, (v,),
+             _selective(v)) for v in GATED],
+    _claim("mech-learnable-sink", "The learnable sink takes the sink's role (`sink`)", P.LEARNABLE_SINK,
+           ("baseline", "sink"), _sink_takes_the_role("sink")),
+    _claim("mech-learnable-sink-hyga", "HyGA's learnable sink takes the sink's role (`hyga-sink`)", P.LEARNABLE_SINK,
            ("baseline", "hyga-sink"), _sink_takes_the_role("hyga-sink")),
 ]
 
@@ -604,7 +626,8 @@ def judge_mechanism(results: dict) -> list[dict[str, str]]:
         if not set(claim.needs) <= present:
             continue
         verdict = claim.judge(results)
-        rows.append({"key": claim.key, "claim": claim.statement, "verdict": verdict.status, "measured": verdict.measured})
+        rows.append({"key": claim.key, "claim": claim.statement, "paper": claim.paper, "verdict": verdict.status,
+                     "measured": verdict.measured})
     return rows
 
 

@@ -95,8 +95,9 @@ def _depth_lines(depth: str, block: dict, cfg: dict, made: dict[str, str], headi
         lines += [f"Claims and the table are at layer {where + 1} of {depth}, where the baseline's BOS attention "
                   f"from ordinary positions is strongest (seed mean); every variant is read at the same layer.", ""]
     if block["claims"]:
-        lines += ["| claim | this run | verdict |", "|---|---|---|"]
-        lines += [f"| {c['claim']} | {c['measured']} | **{c['verdict']}** |" for c in block["claims"]] + [""]
+        lines += ["| claim | the papers | this run | verdict |", "|---|---|---|---|"]
+        lines += [f"| {c['claim']} | {c.get('paper', '')} | {c['measured']} | **{c['verdict']}** |"
+                  for c in block["claims"]] + [""]
     lines += _summary_table(block["summary"], cfg, max((len(r) for r in block["runs"].values()), default=0))
     for name, file in made.items():
         if name.endswith(f"_L{depth}"):
