@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gatedattn.data.backcopy import FALLBACK_TEXT, BigramBackcopy
+from gatedattn.infra.errors import ConfigError
 from gatedattn.models.lm import GatedLM
 from gatedattn.reproduce.mechanism import MechanismConfig, train_config
 from gatedattn.reproduce.mechanism_probe import measure, query_classes
@@ -207,3 +208,36 @@ def test_the_mlp_lever_builds_a_two_matrix_mlp_and_keeps_older_runs(task):
     assert "mlp" not in train_config(plain, Path("d"), Path("r"), "baseline", 1, 0).model.lm
     old = {k: v for k, v in recipe_of(plain, "baseline").items() if k != "mlp"}
     assert {**LATER_RECIPE_FIELDS, **old} == recipe_of(plain, "baseline") and "MLP" not in plain.describe()
+
+
+def test_the_mlp_width_lever_sets_the_hidden_width_and_keeps_older_runs(task):
+    from gatedattn.reproduce.mechanism import LATER_RECIPE_FIELDS, recipe_of
+
+    wide, plain = MechanismConfig(mlp_ratio=8, mlp="relu", progress=False), MechanismConfig(progress=False)
+    model = GatedLM(train_config(wide, Path("d"), Path("r"), "baseline", 1, 0).model.build(
+        vocab_size=task.vocab_size, max_seq_len=65, bos_token_id=task.bos_id))
+    assert model.blocks[0].mlp.up_proj.weight.shape == (8 * 64, 64)
+    default = GatedLM(train_config(plain, Path("d"), Path("r"), "baseline", 1, 0).model.build(
+        vocab_size=task.vocab_size, max_seq_len=65, bos_token_id=task.bos_id))
+    assert default.blocks[0].mlp.up_proj.weight.shape == (2 * 64, 64)  # the default is the toy preset's width
+    assert "ffn_dim" not in train_config(plain, Path("d"), Path("r"), "baseline", 1, 0).model.lm
+    assert recipe_of(wide, "baseline")["mlp_ratio"] == 8 and "MLP 8× d_model wide" in wide.describe()
+    old = {k: v for k, v in recipe_of(plain, "baseline").items() if k != "mlp_ratio"}  # recorded before the field
+    assert {**LATER_RECIPE_FIELDS, **old} == recipe_of(plain, "baseline") and "wide" not in plain.describe()
+    with pytest.raises(ConfigError, match="mlp_ratio"):
+        MechanismConfig(mlp_ratio=0)
+
+
+def test_the_init_scale_lever_draws_the_weight_matrices_at_its_std(task):
+    from gatedattn.reproduce.mechanism import LATER_RECIPE_FIELDS, recipe_of
+
+    wide, plain = MechanismConfig(init_std=0.5, progress=False), MechanismConfig(progress=False)
+    torch.manual_seed(0)
+    model = GatedLM(train_config(wide, Path("d"), Path("r"), "baseline", 1, 0).model.build(
+        vocab_size=task.vocab_size, max_seq_len=65, bos_token_id=task.bos_id))
+    assert 0.45 < model.blocks[0].mlp.up_proj.weight.std().item() < 0.55
+    assert 0.9 < model.embed.weight.std().item() < 1.1  # the embeddings keep embed_std
+    assert "init_std" not in train_config(plain, Path("d"), Path("r"), "baseline", 1, 0).model.lm
+    assert "weight matrices N(0, 0.5)" in wide.describe() and "weight matrices" not in plain.describe()
+    old = {k: v for k, v in recipe_of(plain, "baseline").items() if k != "init_std"}
+    assert {**LATER_RECIPE_FIELDS, **old} == recipe_of(plain, "baseline")

@@ -88,7 +88,8 @@ class MechanismConfig:
     steps: int = option(1200, gt=0, help="optimizer steps of every run")
     seq_len: int = option(64, gt=0, help="tokens per sequence after BOS")
     micro_batch: int = option(32, gt=0, help="sequences per step")
-    d_model: int = option(64, gt=0, help="width (one head of d_model channels; the MLP is twice as wide)")
+    d_model: int = option(64, gt=0, help="width (one head of d_model channels)")
+    mlp_ratio: int = option(2, gt=0, le=64, help="the MLP's hidden width in multiples of d_model")
     positions: str = option("learned", choices=tuple(POSITIONS), help="position encoding: " + ", ".join(POSITIONS) +
                             " (learned absolute positions, GPT-2 style, with no rotation)")
     norm: str = option("layer", choices=NORMS, help="layer (LayerNorm with bias) or rms (RMSNorm)")
@@ -97,6 +98,8 @@ class MechanismConfig:
     qkv_bias: bool = option(True, help="biases on the q/k/v projections")
     tie_embeddings: bool = option(False, help="the LM head shares the token embedding")
     embed_std: float = option(1.0, gt=0, help="standard deviation of the initial embeddings")
+    init_std: float = option(0.02, gt=0, help="standard deviation of the initial weight matrices (PyTorch's default "
+                                              "nn.Linear init has 1/sqrt(3 d_model): 0.072 at d_model 64)")
     lr: float = option(3e-3, gt=0, help="peak learning rate")
     schedule: str = option("constant", choices=SCHEDULES, help="after warm-up: constant, or cosine down to a tenth")
     warmup_steps: int = option(30, ge=0, help="linear warm-up steps")
@@ -179,13 +182,15 @@ class MechanismConfig:
         """The recipe in words (the report's setup row)."""
         return (f"d_model {self.d_model}, one head, {self.positions} positions, "
                 f"{'LayerNorm' if self.norm == 'layer' else 'RMSNorm'}, q/k/v bias {'on' if self.qkv_bias else 'off'}, "
-                f"{'tied' if self.tie_embeddings else 'untied'} embeddings N(0, {self.embed_std:g}), no q/k norm; "
+                f"{'tied' if self.tie_embeddings else 'untied'} embeddings N(0, {self.embed_std:g}), "
+                + (f"weight matrices N(0, {self.init_std:g}), " if self.init_std != 0.02 else "") + "no q/k norm; "
                 f"{self.steps} steps of {self.micro_batch} x {self.seq_len} tokens "
                 f"({self.tokens_per_run() / 1e6:.2f} M), AdamW (0.9, {self.beta2:g}), LR {self.lr:g} {self.schedule} "
                 f"after {self.warmup} warm-up steps, weight decay {self.weight_decay:g}, "
                 f"clipping {self.grad_clip:g}, a {self.train_tokens / 1e6:.2f} M-token training stream"
                 + (f"; the learnable sinks start at logit {self.sink_init:g}" if self.sink_init else "")
-                + (f"; a {MLP_WORDS[self.mlp]} MLP with biases" if self.mlp != "swiglu" else ""))
+                + (f"; a {MLP_WORDS[self.mlp]} MLP with biases" if self.mlp != "swiglu" else "")
+                + (f"; the MLP {self.mlp_ratio}× d_model wide" if self.mlp_ratio != 2 else ""))
 
 
 # ------------------------------------------------------------------------------ the trainer seam
@@ -199,7 +204,9 @@ def train_config(cfg: MechanismConfig, data_dir: Path, run_dir: Path, variant: s
         size="toy", variant=variant, d_model=cfg.d_model,
         lm={"n_layers": depth, "norm": cfg.norm, "tie_embeddings": cfg.tie_embeddings, "embed_std": cfg.embed_std,
             "position_embedding": "learned" if cfg.positions == "learned" else "none",
-            **({"mlp": cfg.mlp} if cfg.mlp != "swiglu" else {})},  # a run recorded before the field: swiglu
+            **({"mlp": cfg.mlp} if cfg.mlp != "swiglu" else {}),  # a run recorded before the field: swiglu
+            **({"ffn_dim": cfg.mlp_ratio * cfg.d_model} if cfg.mlp_ratio != 2 else {}),  # the toy preset's 2x
+            **({"init_std": cfg.init_std} if cfg.init_std != 0.02 else {})},  # the model's default
         attention=attention, rope={"fraction": POSITIONS[cfg.positions]})
     return TrainConfig(
         data_dir=str(data_dir), out_dir=str(run_dir), model=recipe,
@@ -336,15 +343,16 @@ def _progress(i: int, record: dict[str, Any]) -> str:
             f"{record['final']['bos_attn_ordinary']:.3f}")
 
 
-RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "norm", "mlp", "qkv_bias", "tie_embeddings",
-                 "embed_std", "lr", "schedule", "warmup_steps", "beta2", "weight_decay", "grad_clip",
+RECIPE_FIELDS = ("steps", "seq_len", "micro_batch", "d_model", "positions", "norm", "mlp", "mlp_ratio", "qkv_bias",
+                 "tie_embeddings", "embed_std", "init_std", "lr", "schedule", "warmup_steps", "beta2", "weight_decay", "grad_clip",
                  "train_tokens", "task_family", "n_chars", "n_triggers", "trigger_share", "successors", "task_seed",
                  "evals", "analysis_sequences")
 
 
 # recipe fields added after runs were first recorded, with the value those runs had
 LATER_RECIPE_FIELDS: dict[str, Any] = {"sink_init": 0.0, "task_family": "corpus", "trigger_share": 0.2,
-                                       "successors": 4, "task_seed": 0, "mlp": "swiglu"}
+                                       "successors": 4, "task_seed": 0, "mlp": "swiglu", "mlp_ratio": 2,
+                                       "init_std": 0.02}
 
 
 def recipe_of(cfg: MechanismConfig, variant: str | None = None) -> dict[str, Any]:
