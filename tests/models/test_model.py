@@ -189,3 +189,39 @@ def test_recipe_width_keeps_heads_and_mlp_ratio():
     assert "d_model" not in ModelRecipe(size="toy").to_dict()  # written as before the field existed
     with pytest.raises(ConfigError, match=r"ModelRecipe.d_model=-1 must be a positive integer"):
         ModelRecipe(size="toy", d_model=-1)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_forward_with_targets_is_the_logits_loss_fused(tie):
+    torch.manual_seed(0)
+    model = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=97, tie_embeddings=tie))
+    ids = torch.randint(0, 97, (2, 13))
+    targets = torch.randint(0, 97, (2, 13))
+    targets[0, :3] = -100  # ignored positions count in no mean
+    fused = model(ids, targets=targets)
+    fused_grads = torch.autograd.grad(fused, list(model.parameters()))
+    logits = model(ids)
+    keep = targets.flatten() != -100
+    plain = torch.nn.functional.cross_entropy(logits.flatten(0, 1)[keep], targets.flatten()[keep])
+    torch.testing.assert_close(fused, plain)
+    for a, b in zip(fused_grads, torch.autograd.grad(plain, list(model.parameters()))):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    batch = torch.cat([ids, targets[:, -1:].clamp_min(0)], 1)
+    torch.testing.assert_close(model.loss(batch), torch.nn.functional.cross_entropy(
+        model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten()))
+
+
+def test_forward_with_targets_runs_the_head_a_hook_or_adapter_watches():
+    torch.manual_seed(0)
+    model = GatedLM(ModelConfig.from_preset("micro", "baseline", vocab_size=53))
+    ids, targets = torch.randint(0, 53, (2, 9)), torch.randint(0, 53, (2, 9))
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    loss = model(ids, targets=targets)
+    handle.remove()
+    assert seen == [(2, 9, 53)]  # the hook saw the logits: the unfused path ran
+    torch.testing.assert_close(loss, model(ids, targets=targets))
+    with pytest.raises(GatedAttnError, match="targets must be integer token ids"):
+        model(ids, targets=targets[:, :-1])
+    with pytest.raises(GatedAttnError, match="targets must be integer token ids"):
+        model(ids, targets=targets.float())

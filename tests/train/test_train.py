@@ -306,17 +306,14 @@ def test_bf16_and_muon_train(data_dir, tmp_path):
 # ---------------------------------------------------------------------------- stability tooling
 def _perturb_loss(monkeypatch, at_call: int, factor: float) -> None:
     """Scale the loss (value and gradient) of the ``at_call``-th training micro-batch."""
-    original, calls = trainer_mod.lm_loss, []
+    original, calls = trainer_mod.train_loss, []
 
-    def perturbed(logits, batch, reduction="mean"):
-        loss = original(logits, batch, reduction)
-        if reduction == "mean":  # a training micro-batch (evaluation sums)
-            calls.append(1)
-            if len(calls) == at_call:
-                return loss * factor
-        return loss
+    def perturbed(model, batch, fused):
+        loss = original(model, batch, fused)
+        calls.append(1)
+        return loss * factor if len(calls) == at_call else loss
 
-    monkeypatch.setattr(trainer_mod, "lm_loss", perturbed)
+    monkeypatch.setattr(trainer_mod, "train_loss", perturbed)
 
 
 def test_nonfinite_step_is_skipped_when_asked(data_dir, tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from gatedattn.analysis.metrics import SINK_EPS, GateStats, sink_fraction, sink_fraction_per_layer
 from gatedattn.analysis.probe import Probe, attention_layers
 from gatedattn.analysis.windows import FirstToken
+from gatedattn.models.casts import FrozenCasts
 from gatedattn.layers.config import RopeConfig
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.fmt import finite_or_none, fmt_value
@@ -256,13 +257,14 @@ def analyze(
     loss_sum, n_tokens, n_sequences = 0.0, 0, 0
     seq_lens: set[int] = set()
     starts: set[int] = set()
+    run = FrozenCasts(model)  # under autocast the weights are cast once for every batch
     with _eval_mode(model), probe:
         for batch in batches:
             batch = _check_batch(batch, vocab_size)
             starts.update(_first_ids(batch, first_token, n_sequences))
             batch = batch.to(device)
             inputs, targets = batch[:, :-1], batch[:, 1:]
-            loss_sum += float(_token_losses(model(inputs), targets).sum())
+            loss_sum += float(_token_losses(run(inputs), targets).sum())
             n_tokens += targets.numel()
             n_sequences += batch.shape[0]
             seq_lens.add(inputs.shape[1])

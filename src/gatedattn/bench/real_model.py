@@ -4,14 +4,18 @@
 Workloads, timed in interleaved rounds (``gatedattn.infra.timing``), ours and transformers' alike:
 
 - ``forward``: the analysis forward, logits of ``batch`` x ``seq_len`` tokens, no gradients,
-  eval mode;
-- ``train``: a full training step, forward, backward and AdamW on every parameter;
+  eval mode; ours as ``analyze`` runs it, through ``models.casts.FrozenCasts`` (under
+  autocast the weights are cast once for every batch, not once per call);
+- ``train``: a full training step, forward, backward and AdamW on every parameter, each
+  model's loss as its own trainer computes it (ours: ``forward(ids, targets=...)``, the LM
+  head and the cross-entropy fused; transformers': ``labels=``, logits then the loss);
 - ``frozen``: ours only, the step of the real-model study (``reproduce/pretrained``): every
   weight frozen, a learnable sink per head trained (Adam) in the layers from the study's
   start layer up (``frozen_start``, default :data:`STUDY_START_LAYER`), the layers below run
   once without gradients before the timed steps (``masked.prefix``: the residual stream
   entering the start layer is the same every step), each step the upper layers' forward
-  and backward and the sinks' update (its ratio to our full step). Attention runs on the
+  and backward (the LM head and the loss fused, as the study's ``masked.tail_losses``) and
+  the sinks' update (its ratio to our full step). Attention runs on the
   layers' own kernel (the study's ``window=0`` attention is the same causal attention in
   its reference form);
 - ``decode``: greedy generation of ``decode_new`` tokens after a ``seq_len`` prompt.
@@ -27,9 +31,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from gatedattn.infra.errors import ConfigError
+from gatedattn.models.casts import FrozenCasts
+from gatedattn.ops import linear_cross_entropy
 from gatedattn.models.mfu import forward_flops, mfu, peak_flops
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.timing import interleaved_times
@@ -53,15 +58,14 @@ def _hf_model(path: Path):
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
-def _train_step(model: torch.nn.Module, ids: torch.Tensor, logits_of: Callable, precision) -> Callable[[], None]:
+def _train_step(model: torch.nn.Module, ids: torch.Tensor, loss_of: Callable, precision) -> Callable[[], None]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-6)
 
     def step() -> None:
         model.train()
         with precision.autocast("cpu"):
-            logits = logits_of(model, ids[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+            loss = loss_of(model, ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -93,8 +97,7 @@ def _frozen_step(model, params, ids: torch.Tensor, start: int, precision) -> Cal
             x = hidden
             for block in model.blocks[start:]:
                 x = block(x)
-            logits = model.lm_head(model.norm(x))
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            loss = linear_cross_entropy(model.norm(x).flatten(0, 1), model.lm_head.weight, targets.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -120,6 +123,18 @@ def _theirs(model, ids):
     return model(input_ids=ids, use_cache=False).logits
 
 
+def _our_loss(model, ids):
+    """Our training loss as the trainer computes it: ``forward`` with targets (the LM head and
+    the cross-entropy fused)."""
+    return model(ids[:, :-1], targets=ids[:, 1:])
+
+
+def _their_loss(model, ids):
+    """transformers' training loss as its Trainer computes it: ``labels`` (here already
+    shifted, ``shift_labels``, so both score the same positions)."""
+    return model(input_ids=ids[:, :-1], labels=ids[:, 1:], shift_labels=ids[:, 1:], use_cache=False).loss
+
+
 def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,
               frozen_start: int | None = None) -> dict[str, Callable[[], Any]]:
     """name -> call: ``{ours,hf}:{forward,train,decode}`` and ``ours:frozen``."""
@@ -133,6 +148,8 @@ def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,
                 logits_of(model, prompt)
         return run
 
+    analysed = FrozenCasts(ours)  # as analyze runs ours: the weights cast once for every batch
+
     def decode_ours():
         ours.eval()
         with torch.no_grad(), precision.autocast("cpu"):
@@ -143,8 +160,9 @@ def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,
         with torch.no_grad(), precision.autocast("cpu"):
             theirs.generate(prompt, max_new_tokens=decode_new, min_new_tokens=decode_new, do_sample=False)
 
-    return {"ours:forward": forward(ours, _ours), "hf:forward": forward(theirs, _theirs),
-            "ours:train": _train_step(ours, ids, _ours, precision), "hf:train": _train_step(theirs, ids, _theirs, precision),
+    return {"ours:forward": forward(ours, lambda model, ids: analysed(ids)), "hf:forward": forward(theirs, _theirs),
+            "ours:train": _train_step(ours, ids, _our_loss, precision),
+            "hf:train": _train_step(theirs, ids, _their_loss, precision),
             "ours:frozen": _frozen_step(*sink_arm(ours, start), ids, start, precision),
             "ours:decode": decode_ours, "hf:decode": decode_theirs}
 

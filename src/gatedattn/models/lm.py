@@ -41,7 +41,9 @@ from gatedattn.layers.rope import RopeTables
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.infra.sizes import check_model_limits, check_model_size
 from gatedattn.layers.variants import get_variant
+from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.shards import read_weights, write_weights
+from gatedattn.ops.lm_loss import linear_cross_entropy
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -339,8 +341,12 @@ class GatedLM(nn.Module):
 
     def forward(self, ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                 caches: list[KVCache] | None = None, *, attention_mask: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
-        """Logits (B, T, V) of token ``ids`` (B, T) or of ``inputs_embeds`` (B, T, d_model).
+                inputs_embeds: torch.Tensor | None = None, logits_to_keep: int = 0,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V) of token ``ids`` (B, T) or of ``inputs_embeds`` (B, T, d_model);
+        with ``targets`` (B, T) the mean next-token cross-entropy instead (targets of
+        ``ignore_index`` -100 left out), the LM head and the loss fused
+        (:func:`gatedattn.ops.linear_cross_entropy`: no (B, T, V) logits are kept).
         ``attention_mask`` (B, past + T): 1 for tokens, 0 for padding; ``positions`` (T,) or
         (B, T) default to ``cumsum(attention_mask) - 1`` for a padded batch, else to
         ``past + arange(T)``; ``caches`` one ``KVCache`` per layer (``new_cache()``);
@@ -368,9 +374,23 @@ class GatedLM(nn.Module):
             else:
                 x = block(x, positions=positions, cache=caches[i] if caches is not None else None, key_mask=key_mask,
                           rope=rope)
+        if targets is not None:
+            return self._loss(self.norm(x), targets)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return self.lm_head(self.norm(x))
+
+    def _loss(self, h_BTC: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the head's logits over ``targets`` (B, T): fused where the
+        head is a plain bias-free ``nn.Linear`` no hook watches, else through the logits."""
+        if not isinstance(targets, torch.Tensor) or targets.shape != h_BTC.shape[:2] or targets.dtype.is_floating_point:
+            what = f"{tuple(targets.shape)} {targets.dtype}" if isinstance(targets, torch.Tensor) else type(targets).__name__
+            raise GatedAttnError(f"targets must be integer token ids of the input's shape {tuple(h_BTC.shape[:2])}, "
+                                 f"got {what}")
+        head = self.lm_head
+        if type(head) is nn.Linear and head.bias is None and not (head._forward_hooks or head._forward_pre_hooks):
+            return linear_cross_entropy(h_BTC.flatten(0, 1), head.weight, targets.flatten())
+        return F.cross_entropy(head(h_BTC).float().flatten(0, 1), targets.flatten())
 
     # ------------------------------------------------------------------ transformers-style hooks
     def set_activation_checkpointing(self, every: int, checkpoint_fn: Any = None) -> None:
@@ -409,9 +429,9 @@ class GatedLM(nn.Module):
         self.lm_head = head
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of a (B, T+1) token batch."""
-        logits = self(batch[:, :-1])
-        return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        """Mean next-token cross-entropy of a (B, T+1) token batch (the head and the loss
+        fused, as ``forward(ids, targets=...)``)."""
+        return self(batch[:, :-1], targets=batch[:, 1:])
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -437,9 +457,10 @@ class GatedLM(nn.Module):
         caches = self.new_cache(ids.shape[1] + max_new_tokens) if use_cache else None
         out, step_input, mask = ids, ids, attention_mask
         finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        run = FrozenCasts(self)  # under autocast the weights are cast once, not at every step
         for _ in range(max_new_tokens):
-            logits = self(step_input if use_cache else out, caches=caches, attention_mask=mask,
-                          logits_to_keep=1)[:, -1].float()
+            logits = run(step_input if use_cache else out, caches=caches, attention_mask=mask,
+                         logits_to_keep=1)[:, -1].float()
             nxt = _sample(logits, temperature, top_k, generator)
             if eos_token_id is not None:
                 nxt = torch.where(finished, torch.full_like(nxt, eos_token_id), nxt)

@@ -94,3 +94,12 @@ def gated_linear(y_BTHD: torch.Tensor, logits: torch.Tensor, weight: torch.Tenso
     if head_logits is not None:
         gated = gated * torch.sigmoid(head_logits.to(y_BTHD.dtype))
     return F.linear(gated.flatten(-2), weight, bias)
+
+
+def linear_cross_entropy(h_NC: torch.Tensor, weight_VC: torch.Tensor, targets_N: torch.Tensor, *,
+                         ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+    """The LM head and the next-token loss as written everywhere: logits (N, V) in the
+    matmul's dtype, their float32 copy (float64 stays), cross-entropy. The specification of
+    ``ops.lm_loss.linear_cross_entropy``."""
+    logits = F.linear(h_NC, weight_VC)
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets_N, ignore_index=ignore_index, reduction=reduction)

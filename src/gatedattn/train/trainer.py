@@ -103,6 +103,15 @@ def lm_loss(logits: torch.Tensor, batch: torch.Tensor, reduction: str = "mean") 
     return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction=reduction)
 
 
+def train_loss(model: torch.nn.Module, batch: torch.Tensor, fused: bool) -> torch.Tensor:
+    """A training micro-batch's mean next-token loss. ``fused`` (a ``GatedLM``, possibly
+    wrapped): its forward with ``targets``, which fuses the LM head with the loss;
+    otherwise the logits of any ids -> logits model, then the loss."""
+    if fused:
+        return model(batch[:, :-1], targets=batch[:, 1:])
+    return lm_loss(model(batch[:, :-1]), batch)
+
+
 def ppl(loss: float) -> float:
     return math.exp(loss) if loss < 700 else math.inf
 
@@ -154,6 +163,7 @@ class Trainer:
         if cfg.compile == "on":  # "auto" is decided by the training loop (train/compile_auto.py)
             self.set_compiled(True)
         self.wrapped = D.wrap(self.model, self.env, cfg.fsdp)
+        self.fused_loss = isinstance(self.model, GatedLM)  # its forward takes targets (the head and loss fused)
         self.opt = build_optimizer(D.unwrap(self.wrapped), cfg)
         self.params = [p for p in self.wrapped.parameters() if p.requires_grad]  # (FSDP: the sharded ones)
         if resume is not None:
@@ -223,8 +233,7 @@ class Trainer:
                                           seed=cfg.seed).to(env.device)
             with D.grad_sync(self.wrapped, a == cfg.grad_accum - 1):
                 with self.autocast(env.device):
-                    logits = self.wrapped(batch[:, :-1])
-                loss = lm_loss(logits, batch)
+                    loss = train_loss(self.wrapped, batch, self.fused_loss)
                 (loss / cfg.grad_accum).backward()
             loss_sum += loss.detach()
         return D.all_reduce_mean(loss_sum / cfg.grad_accum, env)

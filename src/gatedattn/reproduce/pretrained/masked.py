@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gatedattn.layers.core import WindowCore
 from gatedattn.models.lm import GatedLM
+from gatedattn.ops import linear_cross_entropy
 
 # the two arms of every comparison: the first position kept in each query's window, or dropped from it
 KEPT, DROPPED = "keep", "drop"
@@ -52,8 +53,8 @@ def tail_losses(model: GatedLM, hidden: Tensor, targets: Tensor, start: int, win
         x = hidden
         for block in model.blocks[start:]:
             x = block(x)
-        logits = model.lm_head(model.norm(x))  # (N, T, V)
-    nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+        h = model.norm(x)  # (N, T, C)
+    nll = linear_cross_entropy(h.flatten(0, 1), model.lm_head.weight, targets.flatten(), reduction="none")
     return nll.view(targets.shape).mean(-1)
 
 

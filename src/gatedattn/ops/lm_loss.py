@@ -1,0 +1,100 @@
+"""The LM head and the next-token cross-entropy as one autograd function.
+
+``linear_cross_entropy(h, W, targets) = cross_entropy((h @ W^T).float(), targets)``, the
+loss of every language model: hidden states h (N, C) after the final norm, the head W
+(V, C), targets (N,). Written as separate operations, a vocabulary of V = 49,152 and
+N = 1,024 positions materialise the logits (N, V) in the matmul's dtype, their float32
+copy, the log-softmax, its gradient and the gradient's cast back: five tensors of
+200 MB in float32, each written and read once, which costs more than the head's matmul on
+a CPU with fast bf16 matmuls. This function runs ``chunk`` rows at a time and keeps only
+each row's log-sum-exp (N,); backward recomputes a chunk's logits and turns them into
+``softmax - onehot`` in place. The head's gradient is accumulated in float32 and computed
+only where ``W`` requires it (a frozen head, as in the real-model study, costs one matmul
+less).
+
+Precision is the unfused path's: the matmul runs in the autocast dtype when autocast is
+on (else in the inputs' dtype), the softmax in float32 (float64 for float64 inputs). ``ignore_index`` targets add
+nothing and count in no mean, as in ``F.cross_entropy``.
+``ops.reference.linear_cross_entropy`` is the plain specification; tests compare the two
+forward and backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatedattn.ops.gate import _compute_dtype
+
+CHUNK_ELEMENTS = 1 << 21  # logits per chunk (8 MB in float32): rows per chunk = this // V
+
+
+def _rows_per_chunk(vocab: int, chunk: int | None) -> int:
+    return chunk if chunk is not None else max(1, CHUNK_ELEMENTS // max(vocab, 1))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h_NC, weight_VC, targets_N, ignore_index, reduction, chunk):
+        dtype = _compute_dtype(h_NC)
+        h, w = h_NC.to(dtype), weight_VC.to(dtype)
+        valid = targets_N != ignore_index
+        safe = torch.where(valid, targets_N, 0)
+        soft = torch.promote_types(dtype, torch.float32)  # the softmax's dtype: float32, or float64 inputs' own
+        lse = torch.empty(h.shape[0], dtype=soft, device=h.device)
+        picked = torch.empty_like(lse)
+        with torch.autocast(h.device.type, enabled=False):
+            for i in range(0, h.shape[0], chunk):
+                logits = (h[i:i + chunk] @ w.T).to(soft)  # (n, V)
+                lse[i:i + chunk] = torch.logsumexp(logits, -1)
+                picked[i:i + chunk] = logits.gather(1, safe[i:i + chunk, None])[:, 0]
+        losses = torch.where(valid, lse - picked, 0.0)
+        ctx.save_for_backward(h, w, safe, valid, lse)
+        ctx.meta = (h_NC.dtype, weight_VC.dtype, reduction, chunk)
+        if reduction == "none":
+            return losses
+        count = valid.sum()
+        ctx.count = count
+        return losses.sum() / count if reduction == "mean" else losses.sum()  # mean of none: nan, as F
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, w, safe, valid, lse = ctx.saved_tensors
+        h_dtype, w_dtype, reduction, chunk = ctx.meta
+        if reduction == "none":
+            row_grad = grad_out.to(lse.dtype) * valid
+        else:
+            scale = grad_out.to(lse.dtype) / ctx.count.clamp_min(1) if reduction == "mean" else grad_out.to(lse.dtype)
+            row_grad = valid.to(lse.dtype) * scale
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dh = torch.empty_like(h) if need_h else None
+        dw = torch.zeros(w.shape, dtype=lse.dtype, device=w.device) if need_w else None
+        with torch.autocast(h.device.type, enabled=False):
+            for i in range(0, h.shape[0], chunk):
+                rows = slice(i, i + chunk)
+                logits = (h[rows] @ w.T).to(lse.dtype)
+                probs = logits.sub_(lse[rows, None]).exp_()  # softmax, in place
+                probs.scatter_add_(1, safe[rows, None], -torch.ones_like(lse[rows, None]))  # - onehot
+                dlogits = probs.mul_(row_grad[rows, None]).to(h.dtype)
+                if need_h:
+                    dh[rows] = dlogits @ w
+                if need_w:
+                    dw.add_(dlogits.T @ h[rows])
+        return (None if dh is None else dh.to(h_dtype), None if dw is None else dw.to(w_dtype), None, None, None,
+                None)
+
+
+def linear_cross_entropy(h_NC: torch.Tensor, weight_VC: torch.Tensor, targets_N: torch.Tensor, *,
+                         ignore_index: int = -100, reduction: str = "mean", chunk: int | None = None) -> torch.Tensor:
+    """``F.cross_entropy((h @ weight.T).float(), targets)`` without the (N, V) logits:
+    h (N, C), weight (V, C), targets (N,) int64; ``reduction`` mean, sum or none (N,)."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction={reduction!r} must be one of mean, sum, none")
+    if h_NC.dim() != 2 or weight_VC.dim() != 2 or h_NC.shape[1] != weight_VC.shape[1]:
+        raise ValueError(f"linear_cross_entropy takes h (N, C) and weight (V, C), got {tuple(h_NC.shape)} and "
+                         f"{tuple(weight_VC.shape)}")
+    if targets_N.shape != h_NC.shape[:1]:
+        raise ValueError(f"targets must be (N,) = ({h_NC.shape[0]},), got {tuple(targets_N.shape)}")
+    chunk = _rows_per_chunk(weight_VC.shape[0], chunk)
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk} must be >= 1")
+    return _LinearCrossEntropy.apply(h_NC, weight_VC, targets_N, ignore_index, reduction, chunk)
