@@ -55,3 +55,18 @@ def test_the_start_layer_is_the_studys_within_the_depth():
     for bad in (-1, 30, 1.5, True):
         with pytest.raises(ConfigError, match="frozen_start"):
             frozen_start_layer(30, bad)
+
+
+def test_both_training_losses_score_the_same_positions_on_the_same_weights(tmp_path):
+    from hf_models import make_hf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gatedattn.bench.real_model import _our_loss, _their_loss
+    from gatedattn.hf import load_model
+
+    theirs, path = make_hf(LlamaForCausalLM, LlamaConfig, tmp_path, tie_word_embeddings=True)
+    ours = load_model(path)
+    ids = torch.randint(0, 100, (2, 17), generator=torch.Generator().manual_seed(0))
+    a, b = _our_loss(ours, ids), _their_loss(theirs, ids)
+    assert a.item() > 1.0  # a real loss, not a degenerate comparison
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -132,7 +132,8 @@ def _our_loss(model, ids):
 def _their_loss(model, ids):
     """transformers' training loss as its Trainer computes it: ``labels`` (here already
     shifted, ``shift_labels``, so both score the same positions)."""
-    return model(input_ids=ids[:, :-1], labels=ids[:, 1:], shift_labels=ids[:, 1:], use_cache=False).loss
+    targets = ids[:, 1:].contiguous()
+    return model(input_ids=ids[:, :-1], labels=targets, shift_labels=targets, use_cache=False).loss
 
 
 def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,

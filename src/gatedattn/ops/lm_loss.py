@@ -6,11 +6,11 @@ loss of every language model: hidden states h (N, C) after the final norm, the h
 N = 1,024 positions materialise the logits (N, V) in the matmul's dtype, their float32
 copy, the log-softmax, its gradient and the gradient's cast back: five tensors of
 200 MB in float32, each written and read once, which costs more than the head's matmul on
-a CPU with fast bf16 matmuls. This function runs ``chunk`` rows at a time and keeps only
-each row's log-sum-exp (N,); backward recomputes a chunk's logits and turns them into
-``softmax - onehot`` in place. The head's gradient is accumulated in float32 and computed
-only where ``W`` requires it (a frozen head, as in the real-model study, costs one matmul
-less).
+a CPU with fast bf16 matmuls. This function runs ``chunk`` vocabulary entries at a time
+for every row, accumulating each row's log-sum-exp (N,), the only thing it keeps; backward
+recomputes a chunk's logits and turns them into ``softmax - onehot`` in place. The input's
+gradient is accumulated in float32; the head's is computed only where ``W`` requires it (a
+frozen head, as in the real-model study, costs one matmul less).
 
 Precision is the unfused path's: the matmul runs in the autocast dtype when autocast is
 on (else in the inputs' dtype), the softmax in float32 (float64 for float64 inputs). ``ignore_index`` targets add
@@ -21,18 +21,24 @@ forward and backward.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from gatedattn.ops.gate import _compute_dtype
 
-CHUNK_ELEMENTS = 1 << 21  # logits per chunk (8 MB in float32): rows per chunk = this // V
+CHUNK_ELEMENTS = 1 << 21  # logits per chunk (8 MB in float32): vocabulary entries per chunk = this // N
 
 
-def _rows_per_chunk(vocab: int, chunk: int | None) -> int:
-    return chunk if chunk is not None else max(1, CHUNK_ELEMENTS // max(vocab, 1))
+def _entries_per_chunk(rows: int, vocab: int, chunk: int | None) -> int:
+    return chunk if chunk is not None else max(1, min(vocab, CHUNK_ELEMENTS // max(rows, 1)))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
+    """Chunks over the vocabulary: every chunk's slice of the head is a contiguous block of
+    rows, packed once for its product (on a CPU, chunks of positions would repack the whole
+    head for each), and the log-sum-exp is accumulated across chunks."""
+
     @staticmethod
     def forward(ctx, h_NC, weight_VC, targets_N, ignore_index, reduction, chunk):
         dtype = _compute_dtype(h_NC)
@@ -40,13 +46,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         valid = targets_N != ignore_index
         safe = torch.where(valid, targets_N, 0)
         soft = torch.promote_types(dtype, torch.float32)  # the softmax's dtype: float32, or float64 inputs' own
-        lse = torch.empty(h.shape[0], dtype=soft, device=h.device)
-        picked = torch.empty_like(lse)
+        lse = torch.full((h.shape[0],), -math.inf, dtype=soft, device=h.device)
+        picked = torch.zeros_like(lse)
         with torch.autocast(h.device.type, enabled=False):
-            for i in range(0, h.shape[0], chunk):
-                logits = (h[i:i + chunk] @ w.T).to(soft)  # (n, V)
-                lse[i:i + chunk] = torch.logsumexp(logits, -1)
-                picked[i:i + chunk] = logits.gather(1, safe[i:i + chunk, None])[:, 0]
+            for v0 in range(0, w.shape[0], chunk):
+                logits = (h @ w[v0:v0 + chunk].T).to(soft)  # (N, chunk)
+                torch.logaddexp(lse, torch.logsumexp(logits, -1), out=lse)
+                here = (safe >= v0) & (safe < v0 + logits.shape[1])
+                local = (safe - v0).clamp(0, logits.shape[1] - 1)
+                picked += torch.where(here, logits.gather(1, local[:, None])[:, 0], 0.0)
         losses = torch.where(valid, lse - picked, 0.0)
         ctx.save_for_backward(h, w, safe, valid, lse)
         ctx.meta = (h_NC.dtype, weight_VC.dtype, reduction, chunk)
@@ -66,21 +74,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
             scale = grad_out.to(lse.dtype) / ctx.count.clamp_min(1) if reduction == "mean" else grad_out.to(lse.dtype)
             row_grad = valid.to(lse.dtype) * scale
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dh = torch.empty_like(h) if need_h else None
-        dw = torch.zeros(w.shape, dtype=lse.dtype, device=w.device) if need_w else None
+        dh = torch.zeros(h.shape, dtype=lse.dtype, device=h.device) if need_h else None
+        dw = torch.empty(w.shape, dtype=w_dtype, device=w.device) if need_w else None
         with torch.autocast(h.device.type, enabled=False):
-            for i in range(0, h.shape[0], chunk):
-                rows = slice(i, i + chunk)
-                logits = (h[rows] @ w.T).to(lse.dtype)
-                probs = logits.sub_(lse[rows, None]).exp_()  # softmax, in place
-                probs.scatter_add_(1, safe[rows, None], -torch.ones_like(lse[rows, None]))  # - onehot
-                dlogits = probs.mul_(row_grad[rows, None]).to(h.dtype)
+            for v0 in range(0, w.shape[0], chunk):
+                wc = w[v0:v0 + chunk]
+                logits = (h @ wc.T).to(lse.dtype)
+                probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
+                here = (safe >= v0) & (safe < v0 + wc.shape[0])
+                local = (safe - v0).clamp(0, wc.shape[0] - 1)
+                probs.scatter_add_(1, local[:, None], -here.to(probs.dtype)[:, None])  # - onehot
+                dlogits = probs.mul_(row_grad[:, None]).to(h.dtype)
                 if need_h:
-                    dh[rows] = dlogits @ w
+                    dh += dlogits @ wc
                 if need_w:
-                    dw.add_(dlogits.T @ h[rows])
-        return (None if dh is None else dh.to(h_dtype), None if dw is None else dw.to(w_dtype), None, None, None,
-                None)
+                    dw[v0:v0 + chunk] = dlogits.T @ h
+        return (None if dh is None else dh.to(h_dtype), dw, None, None, None, None)
 
 
 def linear_cross_entropy(h_NC: torch.Tensor, weight_VC: torch.Tensor, targets_N: torch.Tensor, *,
@@ -94,7 +103,7 @@ def linear_cross_entropy(h_NC: torch.Tensor, weight_VC: torch.Tensor, targets_N:
                          f"{tuple(weight_VC.shape)}")
     if targets_N.shape != h_NC.shape[:1]:
         raise ValueError(f"targets must be (N,) = ({h_NC.shape[0]},), got {tuple(targets_N.shape)}")
-    chunk = _rows_per_chunk(weight_VC.shape[0], chunk)
+    chunk = _entries_per_chunk(h_NC.shape[0], weight_VC.shape[0], chunk)
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
     return _LinearCrossEntropy.apply(h_NC, weight_VC, targets_N, ignore_index, reduction, chunk)
