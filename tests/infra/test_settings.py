@@ -56,7 +56,7 @@ REPRODUCE_VALUES = {
     "mechanism.deep_variants": ("baseline", ("baseline",)), "mechanism.seeds": ("2", 2), "mechanism.steps": ("77", 77),
     "mechanism.seq_len": ("32", 32), "mechanism.micro_batch": ("8", 8), "mechanism.d_model": ("128", 128),
     "mechanism.positions": ("rope", "rope"), "mechanism.norm": ("rms", "rms"), "mechanism.mlp": ("gelu", "gelu"), "mechanism.qkv_bias": ("false", False),
-    "mechanism.tie_embeddings": ("true", True), "mechanism.embed_std": ("0.02", 0.02), "mechanism.lr": ("1e-3", 1e-3),
+    "mechanism.tie_embeddings": ("true", True), "mechanism.embed_std": ("0.02", 0.02), "mechanism.init_std": ("0.07", 0.07), "mechanism.mlp_ratio": ("8", 8), "mechanism.lr": ("1e-3", 1e-3),
     "mechanism.schedule": ("cosine", "cosine"), "mechanism.warmup_steps": ("5", 5), "mechanism.beta2": ("0.95", 0.95),
     "mechanism.weight_decay": ("0.1", 0.1), "mechanism.grad_clip": ("1", 1.0),
     "mechanism.train_tokens": ("65536", 65536), "mechanism.n_chars": ("20", 20), "mechanism.n_triggers": ("2", 2),

@@ -357,12 +357,8 @@ class GatedLM(nn.Module):
         B, T = self._check_input(ids, caches, inputs_embeds)
         seen = caches[0].length if caches is not None else 0
         key_mask = self._key_mask(attention_mask, B, seen, T)
-        if positions is None and key_mask is not None:
-            positions = (key_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:]
-        if positions is None:
-            positions = torch.arange(seen, seen + T, device=(ids if ids is not None else inputs_embeds).device)
-        if positions.dim() == 1:
-            positions = positions[None]  # (1, T)
+        positions = self._default_positions(positions, key_mask, seen, T,
+                                            (ids if ids is not None else inputs_embeds).device)
         rope = RopeTables(positions)  # cos/sin once for every layer
         x = self.embed(ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         if self.pos_embed is not None:
@@ -379,6 +375,17 @@ class GatedLM(nn.Module):
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return self.lm_head(self.norm(x))
+
+    @staticmethod
+    def _default_positions(positions: torch.Tensor | None, key_mask: torch.Tensor | None, seen: int, new: int,
+                           device: torch.device) -> torch.Tensor:
+        """``positions`` as (1 or B, T): as given, else each row's count of real tokens before
+        it (a padded batch), else ``seen + arange(T)``."""
+        if positions is None and key_mask is not None:
+            positions = (key_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -new:]
+        if positions is None:
+            positions = torch.arange(seen, seen + new, device=device)
+        return positions[None] if positions.dim() == 1 else positions  # (1, T)
 
     def _loss(self, h_BTC: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of the head's logits over ``targets`` (B, T): fused where the
