@@ -34,7 +34,6 @@ import torch
 
 from gatedattn.infra.errors import ConfigError
 from gatedattn.models.casts import FrozenCasts
-from gatedattn.ops import linear_cross_entropy
 from gatedattn.models.mfu import forward_flops, mfu, peak_flops
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.timing import interleaved_times
@@ -97,7 +96,7 @@ def _frozen_step(model, params, ids: torch.Tensor, start: int, precision) -> Cal
             x = hidden
             for block in model.blocks[start:]:
                 x = block(x)
-            loss = linear_cross_entropy(model.norm(x).flatten(0, 1), model.lm_head.weight, targets.flatten())
+            loss = model.head_loss(model.norm(x), targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

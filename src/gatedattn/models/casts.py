@@ -38,25 +38,18 @@ class FrozenCasts:
         self.model = model
         self._weights = [(f"{name}.weight", m.weight) for name, m in model.named_modules()
                          if isinstance(m, nn.Linear) and isinstance(m.weight, nn.Parameter)]
-        self._cache: dict[tuple, tuple[tuple[int, ...], dict[str, torch.Tensor]]] = {}
+        self._cached: tuple[tuple, dict[str, torch.Tensor]] | None = None  # (key, casts): one set at a time
 
     def casts(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The cast of every weight this call will not train (made again where one changed)."""
         grad = torch.is_grad_enabled()
         chosen = [(n, w) for n, w in self._weights if w.dtype != dtype and (not grad or not w.requires_grad)]
-        key = (dtype, tuple(n for n, _ in chosen))
-        versions = tuple(w._version for _, w in chosen)
-        cached = self._cache.get(key)
-        if cached is None or cached[0] != versions:
-            self._cache.clear()  # one set of casts at a time
+        key = (dtype, tuple((n, w._version) for n, w in chosen))
+        if self._cached is None or self._cached[0] != key:
+            self._cached = None  # the old casts' memory first
             with torch.no_grad():
-                cached = (versions, {n: w.detach().to(dtype) for n, w in chosen})
-            self._cache[key] = cached
-        return cached[1]
-
-    def clear(self) -> None:
-        """Drop the casts (their memory); the next call makes them again."""
-        self._cache.clear()
+                self._cached = (key, {n: w.detach().to(dtype) for n, w in chosen})
+        return self._cached[1]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         first = next(self.model.parameters(), None)

@@ -371,7 +371,7 @@ class GatedLM(nn.Module):
                 x = block(x, positions=positions, cache=caches[i] if caches is not None else None, key_mask=key_mask,
                           rope=rope)
         if targets is not None:
-            return self._loss(self.norm(x), targets)
+            return self.head_loss(self.norm(x), targets)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return self.lm_head(self.norm(x))
@@ -387,8 +387,9 @@ class GatedLM(nn.Module):
             positions = torch.arange(seen, seen + new, device=device)
         return positions[None] if positions.dim() == 1 else positions  # (1, T)
 
-    def _loss(self, h_BTC: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy of the head's logits over ``targets`` (B, T): fused where the
+    def head_loss(self, h_BTC: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Cross-entropy of the head's logits of the final hidden states ``h_BTC`` (after the
+        norm) over ``targets`` (B, T) (``reduction`` mean, sum or none (B*T,)): fused where the
         head is a plain bias-free ``nn.Linear`` no hook watches, else through the logits."""
         if not isinstance(targets, torch.Tensor) or targets.shape != h_BTC.shape[:2] or targets.dtype.is_floating_point:
             what = f"{tuple(targets.shape)} {targets.dtype}" if isinstance(targets, torch.Tensor) else type(targets).__name__
@@ -396,8 +397,8 @@ class GatedLM(nn.Module):
                                  f"got {what}")
         head = self.lm_head
         if type(head) is nn.Linear and head.bias is None and not (head._forward_hooks or head._forward_pre_hooks):
-            return linear_cross_entropy(h_BTC.flatten(0, 1), head.weight, targets.flatten())
-        return F.cross_entropy(head(h_BTC).float().flatten(0, 1), targets.flatten())
+            return linear_cross_entropy(h_BTC.flatten(0, 1), head.weight, targets.flatten(), reduction=reduction)
+        return F.cross_entropy(head(h_BTC).float().flatten(0, 1), targets.flatten(), reduction=reduction)
 
     # ------------------------------------------------------------------ transformers-style hooks
     def set_activation_checkpointing(self, every: int, checkpoint_fn: Any = None) -> None:

@@ -34,6 +34,12 @@ def _entries_per_chunk(rows: int, vocab: int, chunk: int | None) -> int:
     return chunk if chunk is not None else max(1, min(vocab, CHUNK_ELEMENTS // max(rows, 1)))
 
 
+def _in_chunk(safe: torch.Tensor, v0: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which targets fall in the chunk of entries [v0, v0 + width), and their index in it
+    (clamped into the chunk where they do not)."""
+    return (safe >= v0) & (safe < v0 + width), (safe - v0).clamp(0, width - 1)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Chunks over the vocabulary: every chunk's slice of the head is a contiguous block of
     rows, packed once for its product (on a CPU, chunks of positions would repack the whole
@@ -52,8 +58,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for v0 in range(0, w.shape[0], chunk):
                 logits = (h @ w[v0:v0 + chunk].T).to(soft)  # (N, chunk)
                 torch.logaddexp(lse, torch.logsumexp(logits, -1), out=lse)
-                here = (safe >= v0) & (safe < v0 + logits.shape[1])
-                local = (safe - v0).clamp(0, logits.shape[1] - 1)
+                here, local = _in_chunk(safe, v0, logits.shape[1])
                 picked += torch.where(here, logits.gather(1, local[:, None])[:, 0], 0.0)
         losses = torch.where(valid, lse - picked, 0.0)
         ctx.save_for_backward(h, w, safe, valid, lse)
@@ -81,8 +86,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 wc = w[v0:v0 + chunk]
                 logits = (h @ wc.T).to(lse.dtype)
                 probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
-                here = (safe >= v0) & (safe < v0 + wc.shape[0])
-                local = (safe - v0).clamp(0, wc.shape[0] - 1)
+                here, local = _in_chunk(safe, v0, wc.shape[0])
                 probs.scatter_add_(1, local[:, None], -here.to(probs.dtype)[:, None])  # - onehot
                 dlogits = probs.mul_(row_grad[:, None]).to(h.dtype)
                 if need_h:

@@ -18,7 +18,6 @@ from torch import Tensor
 
 from gatedattn.layers.core import WindowCore
 from gatedattn.models.lm import GatedLM
-from gatedattn.ops import linear_cross_entropy
 
 # the two arms of every comparison: the first position kept in each query's window, or dropped from it
 KEPT, DROPPED = "keep", "drop"
@@ -54,8 +53,7 @@ def tail_losses(model: GatedLM, hidden: Tensor, targets: Tensor, start: int, win
         for block in model.blocks[start:]:
             x = block(x)
         h = model.norm(x)  # (N, T, C)
-    nll = linear_cross_entropy(h.flatten(0, 1), model.lm_head.weight, targets.flatten(), reduction="none")
-    return nll.view(targets.shape).mean(-1)
+    return model.head_loss(h, targets, reduction="none").view(targets.shape).mean(-1)
 
 
 def window_losses(model: GatedLM, rows: Tensor, window: int, first: str, chunk: int = 4) -> Tensor:
