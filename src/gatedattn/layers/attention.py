@@ -37,6 +37,7 @@ from gatedattn.layers.core import AttentionCore
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.layers.gates import Gate, HeadTransform
 from gatedattn.layers.norm import RMSNorm
+from gatedattn.layers.packing import packed_linear
 from gatedattn.ops.gate import gated_linear
 from gatedattn.layers.rope import RopeTables, Rotary, apply_rope
 
@@ -45,7 +46,10 @@ _PROJECTION_GATES = {"g4": 0, "g3": 1, "g2": 2}
 
 
 class GQAProjection(nn.Module):
-    """Separate q/k/v projections; ``n_kv_heads`` < ``n_heads`` is grouped-query attention."""
+    """Separate q/k/v projections; ``n_kv_heads`` < ``n_heads`` is grouped-query attention.
+    Where their weights lie stacked in one tensor (``layers.packing``) they run as one product."""
+
+    PACKED = (("q_proj", "k_proj", "v_proj"),)  # the projections that may share one product
 
     def __init__(self, cfg: AttentionConfig):
         super().__init__()
@@ -59,13 +63,18 @@ class GQAProjection(nn.Module):
         """q, k, v and, when ``extra`` is given, ``extra(X)`` from the same matmul as q."""
         B, T, _ = x_BTC.shape
         c = self.cfg
-        if extra is None:
-            q, extra_out = self.q_proj(x_BTC), None
+        qkv = packed_linear(x_BTC, (self.q_proj, self.k_proj, self.v_proj)) if extra is None else None
+        if qkv is not None:
+            (q, k, v), extra_out = qkv, None
         else:
-            q, extra_out = _packed_linear(x_BTC, self.q_proj, extra)
+            if extra is None:
+                q, extra_out = self.q_proj(x_BTC), None
+            else:
+                q, extra_out = _packed_linear(x_BTC, self.q_proj, extra)
+            k, v = self.k_proj(x_BTC), self.v_proj(x_BTC)
         q_BTHD = q.view(B, T, c.n_heads, c.head_dim)
-        k_BTHD = self.k_proj(x_BTC).view(B, T, c.n_kv_heads, c.head_dim)
-        v_BTHD = self.v_proj(x_BTC).view(B, T, c.n_kv_heads, c.head_dim)
+        k_BTHD = k.view(B, T, c.n_kv_heads, c.head_dim)
+        v_BTHD = v.view(B, T, c.n_kv_heads, c.head_dim)
         return q_BTHD, k_BTHD, v_BTHD, extra_out
 
 

@@ -37,6 +37,7 @@ from gatedattn.infra.integrity import (atomic_model_dir, check_finite, read_veri
                                        verify_dir, verify_file)
 from gatedattn.infra.io import atomic_write_json, read_json_object, recover_missing
 from gatedattn.layers.norm import RMSNorm
+from gatedattn.layers.packing import packed_linear
 from gatedattn.layers.rope import RopeTables
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.infra.sizes import check_model_limits, check_model_size
@@ -161,6 +162,11 @@ class ModelConfig:
 
 
 class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``; gate and up run as one product where their weights
+    lie stacked in one tensor (``layers.packing``)."""
+
+    PACKED = (("gate_proj", "up_proj"),)  # the projections that may share one product
+
     def __init__(self, d_model: int, ffn_dim: int):
         super().__init__()
         self.gate_proj = nn.Linear(d_model, ffn_dim, bias=False)
@@ -168,7 +174,9 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(ffn_dim, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = packed_linear(x, (self.gate_proj, self.up_proj))
+        gate, up = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class TwoLayerMLP(nn.Module):
@@ -465,20 +473,21 @@ class GatedLM(nn.Module):
         caches = self.new_cache(ids.shape[1] + max_new_tokens) if use_cache else None
         out, step_input, mask = ids, ids, attention_mask
         finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        run = FrozenCasts(self)  # under autocast the weights are cast once, not at every step
-        for _ in range(max_new_tokens):
-            logits = run(step_input if use_cache else out, caches=caches, attention_mask=mask,
-                         logits_to_keep=1)[:, -1].float()
-            nxt = _sample(logits, temperature, top_k, generator)
-            if eos_token_id is not None:
-                nxt = torch.where(finished, torch.full_like(nxt, eos_token_id), nxt)
-                finished |= nxt == eos_token_id
-            out = torch.cat((out, nxt[:, None]), dim=1)
-            if mask is not None:
-                mask = torch.cat((mask, mask.new_ones(mask.shape[0], 1)), dim=1)
-            step_input = nxt[:, None]
-            if eos_token_id is not None and finished.all():
-                break
+        # under autocast the weights are cast once and swapped in once, not at every step
+        with FrozenCasts(self).applied() as model:
+            for _ in range(max_new_tokens):
+                logits = model(step_input if use_cache else out, caches=caches, attention_mask=mask,
+                               logits_to_keep=1)[:, -1].float()
+                nxt = _sample(logits, temperature, top_k, generator)
+                if eos_token_id is not None:
+                    nxt = torch.where(finished, torch.full_like(nxt, eos_token_id), nxt)
+                    finished |= nxt == eos_token_id
+                out = torch.cat((out, nxt[:, None]), dim=1)
+                if mask is not None:
+                    mask = torch.cat((mask, mask.new_ones(mask.shape[0], 1)), dim=1)
+                step_input = nxt[:, None]
+                if eos_token_id is not None and finished.all():
+                    break
         self.train(was_training)
         return out
 
