@@ -395,5 +395,14 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
         assert rows[kind]["ours_s"] > 0 and rows[kind]["hf_s"] > 0 and rows[kind]["speedup"] > 0
     assert rows["frozen"]["hf_s"] is None and res["frozen_over_full"] > 0
     assert 0 < rows["forward"]["ours_mfu"] and res["precision"]["dtype"] == "fp32"
+    for kind in ("forward", "train", "decode"):  # each row's products replayed alone, ours and theirs
+        r = rows[kind]
+        assert r["ours_products"]["products"] > 0 and r["hf_products"]["products"] > 0
+        assert r["bound"] == pytest.approx(r["hf_s"] / r["ours_products"]["seconds"])
+        assert r["goal"] in ("met", "at the floor", "near the floor", "missed")
+    # a training step runs the forward's products and, per weight, two more in backward (and
+    # the fused loss's head once more, recomputing its logits)
+    fwd = rows["forward"]["ours_products"]["flops"]
+    assert 3 * fwd <= rows["train"]["ours_products"]["flops"] < 4 * fwd
     assert main(["bench", "--real-model", str(path), "--variants", "gated"]) == 2
     assert "--variants do not apply to --real-model" in capsys.readouterr().err
