@@ -36,7 +36,9 @@ def stacked_weight(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Te
     device that lie one after another in one storage, and no gradient is asked of them
     (gradients off, or none of them requires one: the stacked view is not the parameters
     autograd knows)."""
-    if len(modules) < 2 or not all(_plain(m) for m in modules):
+    if len(modules) < 2 or not _adjacent(modules[0].weight, modules[1].weight):
+        return None  # (the common case, separate parameters, refused first and cheaply: decoding calls this per layer)
+    if not all(_plain(m) for m in modules):
         return None
     weights = [m.weight for m in modules]
     if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
@@ -51,6 +53,11 @@ def stacked_weight(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Te
     return weight, None if biases[0] is None else torch.cat(biases)
 
 
+def _adjacent(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """``after``'s data starts where ``before``'s ends."""
+    return after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
+
+
 def _consecutive(weights: Sequence[torch.Tensor]) -> bool:
     """Contiguous matrices of one input width, dtype and device, each starting where the one
     before ends, in one storage: their stack by rows, laid out in memory already."""
@@ -58,9 +65,8 @@ def _consecutive(weights: Sequence[torch.Tensor]) -> bool:
     if any(w.dtype != first.dtype or w.device != first.device or w.dim() != 2 or w.shape[1] != first.shape[1]
            or not w.is_contiguous() for w in weights):
         return False
-    storage, step = first.untyped_storage().data_ptr(), first.element_size()
-    return all(after.untyped_storage().data_ptr() == storage
-               and after.data_ptr() == before.data_ptr() + before.numel() * step
+    storage = first.untyped_storage().data_ptr()
+    return all(after.untyped_storage().data_ptr() == storage and _adjacent(before, after)
                for before, after in zip(weights, weights[1:]))
 
 
