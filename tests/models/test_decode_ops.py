@@ -5,23 +5,11 @@ import collections
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gatedattn import GatedAttnError
 from gatedattn.layers.config import RopeConfig
 from gatedattn.models.lm import GatedLM, ModelConfig
-
-
-class Ops(TorchDispatchMode):
-    """Counts the aten ops run inside the ``with``."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
+from op_counts import Ops
 
 
 def micro(n_layers: int = 2, **fields) -> GatedLM:
