@@ -36,6 +36,8 @@ def stacked_weight(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Te
     device that lie one after another in one storage, and no gradient is asked of them
     (gradients off, or none of them requires one: the stacked view is not the parameters
     autograd knows)."""
+    if torch.compiler.is_compiling():
+        return None  # (data pointers are not traced; a compiled model's products are the compiler's)
     if len(modules) < 2 or not _adjacent(modules[0].weight, modules[1].weight):
         return None  # (the common case, separate parameters, refused first and cheaply: decoding calls this per layer)
     if not all(_plain(m) for m in modules):
