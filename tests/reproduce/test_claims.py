@@ -250,3 +250,17 @@ def test_lowrank_claim_takes_seed_noise_from_main_gated_runs_at_the_same_steps()
     r["config"] = {"steps": 20}  # other steps: the sweep's one seed only, and +0.05 loses
     row = next(x for x in judge_all(r) if x["key"] == "hyga-lowrank")
     assert row["verdict"] == NOT_HELD and "one seed" in row["measured"]
+
+
+def test_a_line_within_the_seeds_noise_is_not_measurable():
+    from gatedattn.reproduce.claims import SPARSE_GATE
+
+    def sparse(*values):
+        rows = judge_all(results(gated={"gate_mean": stat(*values)}))
+        return next(r for r in rows if r["key"] == "ga-sparse")
+
+    assert sparse(0.20, 0.22)["verdict"] == HELD
+    assert sparse(0.50, 0.52)["verdict"] == NOT_HELD
+    assert sparse(SPARSE_GATE - 0.01, SPARSE_GATE + 0.03)["verdict"] == NOT_MEASURABLE  # 0.342 ± 0.027 at two seeds
+    assert "within seed noise" in sparse(0.32, 0.36)["measured"]
+    assert sparse(0.2)["verdict"] == HELD and "one seed" in sparse(0.2)["measured"]

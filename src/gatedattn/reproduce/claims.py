@@ -19,7 +19,8 @@ from gatedattn.infra.fmt import fmt_mean_std as _fmt
 from gatedattn.reproduce.lr_study import STABILITY
 from gatedattn.reproduce.rank_sweep import LOWRANK
 from gatedattn.reproduce.verdicts import (
-    HELD, NOT_HELD, NOT_MEASURABLE, REDUCTION, Claim, Verdict, compare, massive_shown, sink_shown, summary_metric,
+    HELD, NOT_HELD, NOT_MEASURABLE, REDUCTION, Claim, Verdict, below, compare, massive_shown, sink_shown,
+    summary_metric,
 )
 
 
@@ -60,7 +61,7 @@ def _gate_sparse(variant: str) -> Callable[[dict], Verdict]:
             return Verdict(NOT_MEASURABLE, f"`{variant}` was not part of this run")
         low = summary_metric(results, variant, "gate_frac_below_0.01")
         text = f"mean gate score {_fmt(m)}" + (f", {100 * low['mean']:.1f} % of scores < 0.01" if low else "")
-        return Verdict(HELD if m["mean"] < SPARSE_GATE else NOT_HELD, text)
+        return below(m, SPARSE_GATE, text + f" (sparse: under {SPARSE_GATE:g})")
 
     return judge
 

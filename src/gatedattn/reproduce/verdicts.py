@@ -10,6 +10,10 @@ returns a ``Verdict``:
 - ``not measurable``: within seed noise, the needed variant or study was not run, or
   the effect the claim needs did not form at this budget.
 
+A claim that a metric stays under a line (:func:`below`) holds when the mean plus twice the
+seeds' std is under it, fails when the mean minus that is at or above it, and is not
+measurable when the line lies within that noise.
+
 A claim about *removing* a phenomenon is judged only where the baseline shows it:
 
 - the sink: baseline F-Attn at least ``SINK_OVER_UNIFORM`` times the uniform value
@@ -25,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gatedattn.analysis.metrics import differs_beyond_noise
+from gatedattn.analysis.metrics import differs_beyond_noise, mean_std
 from gatedattn.infra.fmt import fmt_mean_std as _fmt
 
 
@@ -134,6 +138,23 @@ def compare_metrics(results: dict, variant: str, higher: str, lower: str, *, lab
         return Verdict(NOT_MEASURABLE, text + "; the difference is within seed noise")
     suffix = "" if noise else "; one seed, so seed noise is unknown"
     return Verdict(HELD if a["mean"] > b["mean"] else NOT_HELD, text + suffix)
+
+
+def below(stat: dict, limit: float, text: str, k: float = 2.0) -> Verdict:
+    """Is a metric over seeds (``{"mean", "values"}``) under ``limit``, beyond seed noise where
+    two or more seeds ran? ``held`` when mean + k·std < limit, ``did not hold`` when
+    mean − k·std >= limit, else ``not measurable`` (the line lies within the seeds' noise)."""
+    values = stat.get("values") or [stat["mean"]]
+    mean, std = mean_std(values)
+    if not math.isfinite(mean):
+        return Verdict(NOT_MEASURABLE, text + " (a run diverged)")
+    if len(values) < 2 or not math.isfinite(std):
+        return Verdict(HELD if mean < limit else NOT_HELD, text + "; one seed, so seed noise is unknown")
+    if mean + k * std < limit:
+        return Verdict(HELD, text)
+    if mean - k * std >= limit:
+        return Verdict(NOT_HELD, text)
+    return Verdict(NOT_MEASURABLE, text + f"; {limit:g} lies within seed noise of the mean")
 
 
 def compare(results: dict, better: str, worse: str, metric: str, *, lower_is_better: bool = True,
