@@ -283,7 +283,10 @@ def test_grad_accumulation_equals_one_big_batch(data_dir, tmp_path):
     assert a.tokens == b.tokens
     assert a.losses == pytest.approx(b.losses, abs=1e-5)
     wa, wb = weights(tmp_path / "a" / "final"), weights(tmp_path / "b" / "final")
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    # Adam divides each gradient by its running scale, so where a gradient is near zero a
+    # rounding-level difference between the two sums moves the update by a share of the LR
+    # (3e-3): up to 2e-5 over 6 steps, depending on the process (the hash seed's ordering)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
 
 
 def test_tiny_model_overfits_one_batch(data_dir, tmp_path):
