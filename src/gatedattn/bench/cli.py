@@ -108,5 +108,6 @@ def register(sub) -> None:
                    help="instead: our GatedLM against transformers' LlamaForCausalLM on the same pretrained weights "
                         "(a .gguf file or a model directory; default the bundled SmolLM2-135M): analysis forward, "
                         "training step, the real-model study's frozen-model step (learnable sinks from its start "
-                        "layer up) and greedy decoding, with MFU")
+                        "layer up) and greedy decoding, with MFU, each row's products alone and its per-round "
+                        "speedups (5 rounds unless --repeats says otherwise)")
     p.set_defaults(func=_run, **input_options(("--real-model", "real_model")))

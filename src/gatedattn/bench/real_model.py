@@ -191,7 +191,7 @@ def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,
 
 
 def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto", batch: int = 4, seq_len: int = 256,
-                         decode_new: int = 16, repeats: int = 3, warmup: int = 1,
+                         decode_new: int = 16, repeats: int = 5, warmup: int = 1,
                          frozen_start: int | None = None) -> dict[str, Any]:
     """Time every workload; a JSON-ready dict with one row per workload kind."""
     path = Path(path) if path is not None else bundled_model_path()
