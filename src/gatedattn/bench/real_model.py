@@ -257,7 +257,7 @@ def format_real_model(res: dict[str, Any]) -> str:
         speed = "–" if r["speedup"] is None else f"{r['speedup']:.3f}"
         if r.get("speedup_rounds"):
             rounds = r["speedup_rounds"]
-            speed += f" | {statistics.median(rounds):.3f} ({min(rounds):.2f}–{max(rounds):.2f})"
+            speed += f" | {r['speedup_paired']:.3f} ({min(rounds):.2f}–{max(rounds):.2f})"
         else:
             speed += " | –"
         alone = f"{r['ours_products']['seconds']:.3f}"

@@ -27,7 +27,6 @@ import math
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gatedattn.layers.checks import check_attention_input
@@ -37,7 +36,7 @@ from gatedattn.layers.core import AttentionCore
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.layers.gates import Gate, HeadTransform
 from gatedattn.layers.norm import RMSNorm
-from gatedattn.layers.packing import packed_linear
+from gatedattn.layers.packing import concat_linear, hooked, packed_linear, plain_linear
 from gatedattn.ops.gate import gated_linear
 from gatedattn.layers.rope import RopeTables, Rotary, apply_rope
 
@@ -63,29 +62,17 @@ class GQAProjection(nn.Module):
         """q, k, v and, when ``extra`` is given, ``extra(X)`` from the same matmul as q."""
         B, T, _ = x_BTC.shape
         c = self.cfg
+        extra_out = None
         qkv = packed_linear(x_BTC, (self.q_proj, self.k_proj, self.v_proj)) if extra is None else None
         if qkv is not None:
-            (q, k, v), extra_out = qkv, None
+            q, k, v = qkv
         else:
-            if extra is None:
-                q, extra_out = self.q_proj(x_BTC), None
-            else:
-                q, extra_out = _packed_linear(x_BTC, self.q_proj, extra)
+            q, extra_out = (self.q_proj(x_BTC), None) if extra is None else concat_linear(x_BTC, self.q_proj, extra)
             k, v = self.k_proj(x_BTC), self.v_proj(x_BTC)
         q_BTHD = q.view(B, T, c.n_heads, c.head_dim)
         k_BTHD = k.view(B, T, c.n_kv_heads, c.head_dim)
         v_BTHD = v.view(B, T, c.n_kv_heads, c.head_dim)
         return q_BTHD, k_BTHD, v_BTHD, extra_out
-
-
-def _packed_linear(x: torch.Tensor, first: nn.Linear, second: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-    """``first(x), second(x)`` as one matmul over the stacked weights."""
-    weight = torch.cat((first.weight, second.weight))
-    bias = None
-    if first.bias is not None or second.bias is not None:
-        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
-                          for m in (first, second)])
-    return F.linear(x, weight, bias).split((first.out_features, second.out_features), dim=-1)
 
 
 class MLAProjection(nn.Module):
@@ -278,14 +265,14 @@ class Attention(nn.Module):
         g = self.gate
         if g is None or g.x is None or self.cfg.gate.position not in ("g1", "g4") or self.cfg.kv != "gqa":
             return None
-        if not (_plain_linear(self.qkv.q_proj) and _plain_linear(g.x.linear)):
+        if not (plain_linear(self.qkv.q_proj) and plain_linear(g.x.linear)):
             return None  # e.g. a LoRA-wrapped projection: each module computes its own output
         return g.x.linear
 
     def _fuse_gate_with_o_proj(self) -> bool:
         """Run the g1 gate and o_proj as ``ops.gated_linear`` (training), unless hooks watch them."""
-        return (torch.is_grad_enabled() and self.gate.is_sigmoid_product and _plain_linear(self.o_proj)
-                and not any(_hooked(m) for m in (*self.gate.score_modules, self.o_proj)))
+        return (torch.is_grad_enabled() and self.gate.is_sigmoid_product and plain_linear(self.o_proj)
+                and not any(hooked(m) for m in (*self.gate.score_modules, self.o_proj)))
 
     # The analysis seam: run the layer with another core or RoPE for the body of a ``with``.
     @contextlib.contextmanager
@@ -313,14 +300,3 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         c = self.cfg
         return f"heads={c.n_heads}, kv_heads={c.n_kv_heads}, head_dim={c.head_dim}, kv={c.kv!r}"
-
-
-def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
-
-
-def _plain_linear(module: nn.Module | None) -> bool:
-    """An unwrapped, unhooked ``nn.Linear``, whose weight alone says what it computes (a
-    fused path may then read the weight instead of calling the module; an adapter such as
-    a LoRA layer wrapping it, or a hook, needs the module called)."""
-    return type(module) is nn.Linear and not _hooked(module)

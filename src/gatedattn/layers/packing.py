@@ -11,7 +11,10 @@ decoding reads each weight once per step. So the stacked product runs only where
 weights already are one tensor: ``models.casts.FrozenCasts`` lays out the casts of each
 group of a module's :attr:`PACKED` projections as row blocks of one buffer. Everywhere
 else (separate parameters, training, an adapter or a hook on a projection) the modules
-are called one by one, as before.
+are called one by one, as before. :func:`concat_linear` is the other form, for training:
+the weights concatenated on every call, which autograd differentiates (an X-gate computed in
+the query projection's product). :func:`plain_linear` says when a module's weight alone
+says what it computes.
 """
 
 from __future__ import annotations
@@ -23,8 +26,26 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _plain(module: nn.Module) -> bool:
-    return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+def hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def plain_linear(module: nn.Module | None) -> bool:
+    """An unwrapped, unhooked ``nn.Linear``, whose weight alone says what it computes (a
+    fused path may then read the weight instead of calling the module; an adapter such as
+    a LoRA layer wrapping it, or a hook, needs the module called)."""
+    return type(module) is nn.Linear and not hooked(module)
+
+
+def concat_linear(x: torch.Tensor, first: nn.Linear, second: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """``first(x), second(x)`` as one matmul over their weights concatenated on this call
+    (a copy, which autograd differentiates: the training path of an X-gate packed with q)."""
+    weight = torch.cat((first.weight, second.weight))
+    bias = None
+    if first.bias is not None or second.bias is not None:
+        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+                          for m in (first, second)])
+    return F.linear(x, weight, bias).split((first.out_features, second.out_features), dim=-1)
 
 
 def stacked_weight(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -40,7 +61,7 @@ def stacked_weight(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Te
         return None  # (data pointers are not traced; a compiled model's products are the compiler's)
     if len(modules) < 2 or not _adjacent(modules[0].weight, modules[1].weight):
         return None  # (the common case, separate parameters, refused first and cheaply: decoding calls this per layer)
-    if not all(_plain(m) for m in modules):
+    if not all(plain_linear(m) for m in modules):
         return None
     weights = [m.weight for m in modules]
     if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
