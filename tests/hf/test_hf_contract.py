@@ -109,7 +109,9 @@ def test_baseline_hidden_states_and_attentions_equal_llamas(tmp_path):
     assert len(a.hidden_states) == len(b.hidden_states) == 3
     real = mask.bool()  # (padding positions: outputs nothing reads, computed differently)
     for x, y in zip(a.hidden_states, b.hidden_states):
-        torch.testing.assert_close(x[real], y[real], atol=1e-5, rtol=0)
+        # rtol: float32 rounding (ours takes the mean square from one norm reduction, Llama
+        # from pow and mean; both exact to about 1e-7 relative, at values near 14 here)
+        torch.testing.assert_close(x[real], y[real], atol=1e-5, rtol=2e-6)
     for x, y in zip(a.attentions, b.attentions):
         torch.testing.assert_close(x[0], y[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(x[1, :, 3:], y[1, :, 3:], atol=1e-5, rtol=0)

@@ -31,11 +31,12 @@ def decode_step_ops(model: GatedLM) -> collections.Counter:
 def test_a_decoding_step_runs_a_bounded_number_of_ops_per_layer():
     two, four = decode_step_ops(micro(2)), decode_step_ops(micro(4))
     per_layer = (sum(four.values()) - sum(two.values())) / 2
-    # a layer (qk-norm, GQA): 2 norms + 2 head norms (5 ops each), 7 matmuls (t, mm, view,
-    # _unsafe_view), RoPE on q and k (6 ops each), the cache (2 x 3 slice/copy), attention,
-    # SwiGLU, residual adds, views and transposes: 91 ops (108 when each layer built its own
-    # RoPE table and causal mask)
-    assert per_layer <= 91
+    # a layer (qk-norm, GQA): 2 norms + 2 head norms (7 ops each: one norm reduction, four
+    # ops on its (rows, 1) result, two products), 7 matmuls (t, mm, view, _unsafe_view), RoPE
+    # on q and k (6 ops each), the cache (2 x 3 slice/copy), attention, SwiGLU, residual adds,
+    # views and transposes: 97 ops (108 when each layer built its own RoPE table and causal
+    # mask; 91 with F.rms_norm's 5-op norms, which cost twice as long on many rows)
+    assert per_layer <= 97
     for count in (two, four):
         assert count["cos"] == count["sin"] == 1  # one RoPE table for every layer
         assert count["arange"] <= 1 and not {"le", "where", "scalar_tensor"} & set(count)  # no mask
