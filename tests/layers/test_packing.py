@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gatedattn import GatedLM, ModelConfig
-from gatedattn.layers.packing import packed_linear, stack_rows, stacked_weight
+from gatedattn.layers import packing
+from gatedattn.layers.packing import apply_linear, linear, packed_linear, stack_rows, stacked_weight
 from gatedattn.models.casts import FrozenCasts
 from op_counts import Ops
 
@@ -109,3 +110,70 @@ def test_a_gated_layer_keeps_its_query_and_gate_product():
         with ops:
             FrozenCasts(model)(ids)
     assert ops.count["mm"] == 6 * model.cfg.n_layers + 1  # [q|gate], k, v, o, [gate|up], down; the head
+
+
+class _Products(torch.utils._python_dispatch.TorchDispatchMode):
+    """The shapes of the first two operands of every mm / addmm (the weight first: W @ x^T)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm"):
+            a, b = args[:2] if name == "mm" else args[1:3]
+            self.calls.append((name, tuple(a.shape), tuple(b.shape)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rows", [2, 4, 37, packing.FEW_ROWS])
+@pytest.mark.parametrize("bias", [False, True])
+def test_few_bf16_rows_run_as_weight_times_input(rows, bias):
+    torch.manual_seed(rows)
+    w = torch.randn(48, 16, dtype=torch.bfloat16)
+    b = torch.randn(48, dtype=torch.bfloat16) if bias else None
+    x = torch.randn(rows, 1, 16, dtype=torch.bfloat16)
+    with _Products() as seen:
+        out = linear(x, w, b)
+    assert seen.calls == [("addmm" if bias else "mm", (48, 16), (16, rows))]  # the weight as it lies
+    assert out.shape == (rows, 1, 48) and out.is_contiguous() and out.dtype == torch.bfloat16
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)  # one bf16 rounding
+
+
+def test_few_rows_under_autocast_take_fp32_inputs():
+    w = torch.randn(48, 16).to(torch.bfloat16)  # a FrozenCasts cast
+    x = torch.randn(4, 16)  # the norm's float32 output
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        with _Products() as seen:
+            out = linear(x, w)
+        ref = F.linear(x, w)  # autocast's own product of the same bf16 operands
+    assert seen.calls == [("mm", (48, 16), (16, 4))] and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=5e-2)  # a bf16 rounding apart at most
+
+
+@pytest.mark.parametrize("case", ["one row", "many rows", "float32", "grad"])
+def test_other_products_are_f_linear(case):
+    rows = {"one row": 1, "many rows": packing.FEW_ROWS + 1}.get(case, 4)
+    dtype = torch.float32 if case == "float32" else torch.bfloat16
+    w = torch.randn(48, 16, dtype=dtype, requires_grad=case == "grad")
+    x = torch.randn(rows, 16, dtype=dtype)
+    with _Products() as seen:
+        out = linear(x, w)
+    assert all(shape_x == (rows, 16) for _, shape_x, _ in seen.calls)  # x @ W^T: the input first
+    assert torch.equal(out, F.linear(x, w))
+    if case == "grad":
+        out.float().sum().backward()
+        assert w.grad is not None
+
+
+def test_apply_linear_calls_a_hooked_or_wrapped_module():
+    m = nn.Linear(16, 8).to(torch.bfloat16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.allclose(apply_linear(m, x).float(), m(x).float(), atol=2e-2)
+        fired = []
+        m.register_forward_hook(lambda *a: fired.append(1))
+        apply_linear(m, x)
+    assert fired == [1]

@@ -36,7 +36,7 @@ from gatedattn.layers.core import AttentionCore
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.layers.gates import Gate, HeadTransform
 from gatedattn.layers.norm import RMSNorm
-from gatedattn.layers.packing import concat_linear, hooked, packed_linear, plain_linear
+from gatedattn.layers.packing import apply_linear, concat_linear, hooked, packed_linear, plain_linear
 from gatedattn.ops.gate import gated_linear
 from gatedattn.layers.rope import RopeTables, Rotary, apply_rope
 
@@ -209,7 +209,7 @@ class Attention(nn.Module):
             return gated_linear(h_BTHD, logits, self.o_proj.weight, self.o_proj.bias, head_logits)
         if position == "g1":
             h_BTHD = self.gate(h_BTHD, x, x_gate)
-        y = self.o_proj(h_BTHD.reshape(B, T, -1))
+        y = apply_linear(self.o_proj, h_BTHD.reshape(B, T, -1))
         if position == "g5":
             y = self.gate(y[:, :, None, :], x)[:, :, 0, :]
         return y

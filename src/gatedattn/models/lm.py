@@ -37,7 +37,7 @@ from gatedattn.infra.integrity import (atomic_model_dir, check_finite, read_veri
                                        verify_dir, verify_file)
 from gatedattn.infra.io import atomic_write_json, read_json_object, recover_missing
 from gatedattn.layers.norm import RMSNorm
-from gatedattn.layers.packing import packed_linear
+from gatedattn.layers.packing import apply_linear, packed_linear
 from gatedattn.layers.rope import RopeTables
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.infra.sizes import check_model_limits, check_model_size
@@ -176,7 +176,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = packed_linear(x, (self.gate_proj, self.up_proj))
         gate, up = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(F.silu(gate) * up)
+        return apply_linear(self.down_proj, F.silu(gate) * up)
 
 
 class TwoLayerMLP(nn.Module):
@@ -382,7 +382,7 @@ class GatedLM(nn.Module):
             return self.head_loss(self.norm(x), targets)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        return self.lm_head(self.norm(x))
+        return apply_linear(self.lm_head, self.norm(x))
 
     @staticmethod
     def _default_positions(positions: torch.Tensor | None, key_mask: torch.Tensor | None, seen: int, new: int,
