@@ -505,3 +505,34 @@ def test_load_any_sends_gguf_paths_to_the_hf_loader(tmp_path, monkeypatch):
     with pytest.raises(GatedAttnError):  # our own format: GatedLM.from_pretrained, not the hf loader
         load_any(tmp_path)
     assert len(seen) == 3
+
+
+def test_a_gated_lm_is_scored_by_its_fused_head_and_loss():
+    """analyze scores a GatedLM through forward(targets=...): its loss equals the logits'
+    cross-entropy, and no log-softmax over (B, T, V) logits runs; another model (here the
+    same one behind a plain wrapper) is scored through its logits, to the same loss."""
+    from op_counts import Ops
+
+    model = perturb(micro("gated-headwise"))
+    batches = token_batches(2, B=2)
+
+    class Plain(torch.nn.Module):  # not a GatedLM: analyze falls back to the logits
+        def __init__(self, lm):
+            super().__init__()
+            self.lm, self.cfg, self.blocks = lm, lm.cfg, lm.blocks
+
+        def forward(self, ids):
+            return self.lm(ids)
+
+    with Ops() as ops:
+        fused = analyze(model, batches)
+    assert not ops.count["_log_softmax"] and ops.count["logsumexp"] > 0
+    with Ops() as ops:
+        plain = analyze(Plain(model), batches)
+    assert ops.count["_log_softmax"] > 0
+    with torch.no_grad():
+        direct = sum(torch.nn.functional.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten(),
+                                                       reduction="sum").item() for b in batches)
+    n = sum(b[:, 1:].numel() for b in batches)
+    assert fused["val_loss"] == pytest.approx(direct / n, rel=1e-6)
+    assert plain["val_loss"] == pytest.approx(direct / n, rel=1e-6)

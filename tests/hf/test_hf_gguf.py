@@ -391,8 +391,8 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
     assert main(["bench", "--real-model", str(path), "--quick", "--dtype", "fp32", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     rows = {r["kind"]: r for r in res["rows"]}
-    assert set(rows) == {"forward", "train", "frozen", "decode"}
-    for kind in ("forward", "train", "decode"):
+    assert set(rows) == {"forward", "logits", "train", "frozen", "decode"}
+    for kind in ("forward", "logits", "train", "decode"):
         assert rows[kind]["ours_s"] > 0 and rows[kind]["hf_s"] > 0 and rows[kind]["speedup"] > 0
     assert rows["frozen"]["hf_s"] is None and res["frozen_over_full"] > 0
     assert 0 < rows["forward"]["ours_mfu"] and res["precision"]["dtype"] == "fp32"
@@ -403,6 +403,7 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
         assert r["goal"] in ("met", "at the floor", "near the floor", "missed")
         assert r["speedup_rounds"] == [h / o for h, o in zip(r["hf_samples"], r["ours_samples"])]
         assert r["speedup_paired"] == statistics.median(r["speedup_rounds"])
+    assert "goal" not in rows["logits"]  # a reference row: the goal is set on the analysis forward (the loss)
     # a training step runs the forward's products and, per weight, two more in backward (and
     # the fused loss's head once more, recomputing its logits)
     fwd = rows["forward"]["ours_products"]["flops"]
