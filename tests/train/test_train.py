@@ -23,7 +23,7 @@ from gatedattn.data import TokenData, prepare
 from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.train import TrainConfig, lr_at, lr_schedule, parse_sets, settable_keys, sweep, train
 from gatedattn.train.cli import main
-from gatedattn.train.optim import build_optimizer, split_parameters
+from gatedattn.train.optim import build_optimizer, fusable, split_parameters
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 WORDS = ("the cat sat on a mat while dogs ran over hills and birds sang in tall green trees near quiet "
@@ -151,6 +151,20 @@ def test_parameter_split_for_muon_and_weight_decay():
     assert muon_ids == {id(p) for n, p in model.named_parameters() if n in parts["matrix"]}
     adam_groups = opt.optimizers[1].param_groups
     assert [g["weight_decay"] for g in adam_groups] == [cfg.weight_decay, 0.0]
+
+
+def test_adamw_runs_fused_where_it_can():
+    cfg = TrainConfig(data_dir="d", out_dir="o", preset="micro", variant="gated")
+    model = GatedLM(cfg.model_config(vocab_size=300))
+    (adam,) = build_optimizer(model, cfg).optimizers
+    assert adam.defaults["fused"] is True  # one kernel per step, not ~10 ops per parameter
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randint(0, 300, (2, 8)), targets=torch.randint(0, 300, (2, 8))).backward()
+    adam.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()) if p.grad is not None)
+    # where the fused step does not exist: parameters on two devices, or none at all
+    assert fusable([torch.zeros(2), torch.zeros(2, device="meta")]) is None and fusable([]) is None
+    assert fusable([torch.zeros(2, dtype=torch.bfloat16)]) is True
 
 
 # ---------------------------------------------------------------------------- determinism, resume

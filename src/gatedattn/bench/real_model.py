@@ -10,7 +10,8 @@ Workloads, timed in interleaved rounds (``gatedattn.infra.timing``), ours and tr
   logits, then its loss);
 - ``logits``: for reference, the same forward returning the (B, T, V) logits, each model's
   plain call; no goal is set on it;
-- ``train``: a full training step, forward, backward and AdamW on every parameter, each
+- ``train``: a full training step, forward, backward and AdamW on every parameter (fused,
+  as both trainers run it on a CPU), each
   model's loss as its own trainer computes it (ours: ``forward(ids, targets=...)``, the LM
   head and the cross-entropy fused; transformers': ``labels=``, logits then the loss);
 - ``frozen``: ours only, the step of the real-model study (``reproduce/pretrained``): every
@@ -47,6 +48,7 @@ from gatedattn.bench.products import products_alone
 from gatedattn.infra.errors import ConfigError
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.mfu import forward_flops, mfu, peak_flops
+from gatedattn.train.optim import fusable
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.timing import interleaved_times
 from gatedattn.hf import bundled_model_path, load_model
@@ -87,7 +89,8 @@ def _hf_model(path: Path):
 
 def _train_step(model: torch.nn.Module, ids: torch.Tensor, loss_of: Callable, precision) -> Callable[[], None]:
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-6)
+    # the fused AdamW, as each trainer runs it (ours: train.optim.fusable; transformers' Trainer: adamw_torch_fused)
+    opt = torch.optim.AdamW(params, lr=1e-6, fused=fusable(params))
 
     def step() -> None:
         model.train()

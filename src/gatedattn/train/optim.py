@@ -2,7 +2,7 @@
 
 ``build_optimizer(model, cfg)`` returns an :class:`Optimizers` holding AdamW alone, or
 (``cfg.optimizer == "muon"``) ``torch.optim.Muon`` for the 2-D hidden matrices plus AdamW
-for the rest, as in the HyGA paper. Weight decay applies to the weight matrices of
+for the rest, as in the HyGA paper; AdamW runs fused where it can (:func:`fusable`). Weight decay applies to the weight matrices of
 linear layers and embeddings only, never to norms, biases, static gate logits or sinks.
 
 ``lr_at(step, ...)`` is the schedule as a pure function of the step, so resuming needs no
@@ -139,13 +139,27 @@ def build_optimizer(model: nn.Module, cfg) -> Optimizers:
         {"params": [p for _, p in parts["no_decay"]], "weight_decay": 0.0},
     ]
     if any(g["params"] for g in groups):
-        optimizers.append(torch.optim.AdamW([g for g in groups if g["params"]], **adam_kw))
+        params = [p for g in groups for p in g["params"]]
+        optimizers.append(torch.optim.AdamW([g for g in groups if g["params"]], fused=fusable(params), **adam_kw))
     if not optimizers:
         raise ConfigError("TrainConfig.trainable leaves no parameter to train")
     opt = Optimizers(optimizers)
     for g in opt.param_groups:
         g["base_lr"] = g["lr"]
     return opt
+
+
+def fusable(params: Iterable[torch.Tensor]) -> bool | None:
+    """``fused=True`` for AdamW where its one-kernel step exists (floating-point parameters,
+    all on the CPU or all on one CUDA device), else None (torch's default). On a CPU the
+    default steps parameter by parameter with about ten ops each: on SmolLM2-135M's 272
+    parameters the fused step took 0.09 s against 0.50 s (``docs/benchmarks/real-model.md``).
+    transformers' Trainer picks the fused AdamW too (``adamw_torch_fused``)."""
+    params = list(params)
+    devices = {p.device for p in params}
+    if not params or len(devices) != 1 or next(iter(devices)).type not in ("cpu", "cuda"):
+        return None
+    return True if all(p.dtype.is_floating_point for p in params) else None
 
 
 # ---------------------------------------------------------------------------- frozen parameters
