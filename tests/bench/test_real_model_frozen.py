@@ -49,6 +49,46 @@ def test_the_frozen_step_trains_the_sinks_of_the_upper_layers_only():
     assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())  # the base model untouched
 
 
+class WeightCasts(TorchDispatchMode):
+    """Counts the dtype casts of the given weights run in the ``with``."""
+
+    def __init__(self, weights):
+        super().__init__()
+        self.ptrs = {w.data_ptr() for w in weights}
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "_to_copy" and args[0].data_ptr() in self.ptrs:
+            self.casts += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_under_autocast_the_frozen_weights_are_cast_once_for_every_step():
+    """In bf16 the frozen step casts the frozen weights on its first step only (and runs
+    each layer's q/k/v and gate/up as one product each over the stacked casts); the
+    study's train_arm does the same."""
+    from gatedattn.reproduce.pretrained.arms import train_arm
+
+    torch.manual_seed(0)
+    base = GatedLM(ModelConfig.from_preset("micro", vocab_size=50).replace(n_layers=3))
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    model, sinks = sink_arm(base, 1)
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    step = _frozen_step(model, sinks, ids, 1, resolve_dtype("bf16", "cpu"))
+    with WeightCasts(weights) as first:
+        step()
+    with WeightCasts(weights) as second, Attended() as seen:
+        step()
+    assert first.casts >= len(weights) - 1 and second.casts == 0  # (the layers' below run before the steps)
+    assert seen.mm == (4 * 2 + 1) + (4 * 2 - 1) + 2  # q/k/v and gate/up stacked: 4 products a block
+    assert all(float(p.detach().abs().max()) > 0 for p in sinks)
+    hidden, targets = torch.randn(4, 8, base.cfg.attention.d_model), torch.randint(0, 50, (4, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16), WeightCasts(weights) as arm:
+        train_arm(model, sinks, 1e-2, hidden, targets, torch.arange(4), steps=3, batch=2, start=1,
+                  window=0, first="keep")
+    assert arm.casts == first.casts  # once for the three steps
+
+
 def test_the_start_layer_is_the_studys_within_the_depth():
     assert frozen_start_layer(30, None) == STUDY_START_LAYER == 3
     assert frozen_start_layer(2, None) == 1 and frozen_start_layer(30, 0) == 0

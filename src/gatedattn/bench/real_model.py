@@ -114,8 +114,10 @@ def sink_arm(ours, start: int):
 def _frozen_step(model, params, ids: torch.Tensor, start: int, precision) -> Callable[[], None]:
     """The real-model study's step (``arms.train_arm``) for an arm: the blocks below
     ``start`` once, without gradients; each step the blocks from ``start`` up, the head,
-    the loss and Adam on ``params``."""
+    the loss and Adam on ``params``. Under autocast the frozen weights are cast once
+    (``FrozenCasts``, as ``train_arm`` runs it), not at every step."""
     opt = torch.optim.Adam(params, lr=1e-6)
+    frozen = FrozenCasts(model)
     with torch.no_grad(), precision.autocast("cpu"):
         hidden = model.embed(ids[:, :-1])
         for block in model.blocks[:start]:
@@ -123,7 +125,7 @@ def _frozen_step(model, params, ids: torch.Tensor, start: int, precision) -> Cal
     targets = ids[:, 1:]
 
     def step() -> None:
-        with precision.autocast("cpu"):
+        with precision.autocast("cpu"), frozen.applied():
             x = hidden
             for block in model.blocks[start:]:
                 x = block(x)

@@ -15,6 +15,10 @@ are called one by one, as before. :func:`concat_linear` is the other form, for t
 the weights concatenated on every call, which autograd differentiates (an X-gate computed in
 the query projection's product). :func:`plain_linear` says when a module's weight alone
 says what it computes.
+
+:func:`linear` is the product every fast path here runs (and ``apply_linear`` for a single
+module): ``F.linear``, except for the few rows of a decoding step in bf16 on a CPU, which
+run with the weight as the left operand.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from gatedattn.layers.core import WindowCore
 from gatedattn.hf import add_gates
+from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.lm import GatedLM
 from gatedattn.ops.window import window_probs
 from gatedattn.reproduce.pretrained.masked import attention_mode, prefix, tail_losses
@@ -78,12 +79,15 @@ def train_arm(model: GatedLM, params: list[nn.Parameter], lr: float, hidden: Ten
               *, steps: int, batch: int, start: int, window: int, first: str) -> list[float]:
     """Adam over ``params`` for ``steps`` steps of ``batch`` pool windows taken in ``order``
     (cycling): ``hidden`` their residual stream entering block ``start`` (:func:`prefix`),
-    ``targets`` their next tokens; the training loss of every step."""
+    ``targets`` their next tokens; the training loss of every step. Under autocast the
+    frozen weights are cast once for every step (``FrozenCasts``)."""
     opt = torch.optim.Adam(params, lr=lr)
+    frozen = FrozenCasts(model)
     curve = []
     for step in range(steps):
         rows = order[(torch.arange(batch) + step * batch) % len(order)]
-        loss = tail_losses(model, hidden[rows], targets[rows], start, window, first).mean()
+        with frozen.applied():
+            loss = tail_losses(model, hidden[rows], targets[rows], start, window, first).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
