@@ -404,6 +404,7 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
         assert r["speedup_rounds"] == [h / o for h, o in zip(r["hf_samples"], r["ours_samples"])]
         assert r["speedup_paired"] == statistics.median(r["speedup_rounds"])
     assert "goal" not in rows["logits"]  # a reference row: the goal is set on the analysis forward (the loss)
+    assert res["warmup"] == 0 and res["repeats"] == 1  # --quick
     # a training step runs the forward's products and, per weight, two more in backward (and
     # the fused loss's head once more, recomputing its logits)
     fwd = rows["forward"]["ours_products"]["flops"]
