@@ -95,3 +95,28 @@ def test_a_short_auto_run_records_why_it_stayed_eager(data_dir, tmp_path):
     train(make_cfg(data_dir, tmp_path / "run", steps=6, compile="auto"))
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["compile"]["compile"] is False and "too few" in env["compile"]["reason"]
+
+
+def test_the_eval_hook_runs_the_model_eagerly_and_analyze_works_on_a_compiled_run(data_dir, tmp_path):
+    """An analysis watches the model through hooks and per-call Python; on a compiled run
+    the eval hook gets the model with its compiled call switched off, and the compiled
+    call back after (the same function: nothing compiles again)."""
+    from gatedattn.analysis.analyze import analyze
+
+    seen = []
+
+    def hook(model, step, tokens):
+        seen.append(model._compiled_call_impl)
+        batch = torch.randint(1, 50, (2, 9), generator=torch.Generator().manual_seed(step))
+        r = analyze(model, [batch])
+        return {"m_act": r["m_act"], "f_attn": r["f_attn"]}
+
+    trainer = Trainer(make_cfg(data_dir, tmp_path, steps=2, compile="on"), TokenData(data_dir), eval_hook=hook)
+    compiled = trainer.model._compiled_call_impl
+    assert compiled is not None
+    rec = trainer.evaluate()
+    assert seen == [None] and trainer.model._compiled_call_impl is compiled
+    assert rec["m_act"] > 0 and 0 <= rec["f_attn"] <= 1
+    with pytest.raises(RuntimeError, match="boom"), trainer.eager():
+        raise RuntimeError("boom")
+    assert trainer.model._compiled_call_impl is compiled  # back after an error too

@@ -19,16 +19,18 @@ adds the run directory: logging, evaluation and checkpoint schedule, resume.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from tqdm import tqdm
 
 from gatedattn.data import TokenData
@@ -198,6 +200,20 @@ class Trainer:
             self.model._compiled_call_impl = None  # what nn.Module.compile set; eager __call__ again
         self.compiled = on
 
+    @contextlib.contextmanager
+    def eager(self) -> Iterator[nn.Module]:
+        """The model run eagerly for the ``with`` body, its compiled call back after (the same
+        compiled function, so nothing compiles again). The eval hook runs this way: an
+        analysis watches the model through forward hooks and per-call Python (``argmax``,
+        ``int``), which a compiled call traces into its graph or breaks it on; on a CPU
+        with AVX2 kernels that gave an analysis an index of garbage."""
+        saved = getattr(self.model, "_compiled_call_impl", None)
+        self.model._compiled_call_impl = None
+        try:
+            yield self.model
+        finally:
+            self.model._compiled_call_impl = saved
+
     def _checkpoint_activations(self, every: int) -> None:
         """``TrainConfig.activation_checkpointing``: blocks 0, every, 2*every, ... recompute
         their activations in backward (0: none)."""
@@ -295,7 +311,8 @@ class Trainer:
             rec = {"kind": "eval", "step": st.step, "tokens": st.tokens, "val_loss": val_loss,
                    "val_ppl": ppl(val_loss), "elapsed_s": self.elapsed()}
             if self.eval_hook is not None:
-                rec.update(validate_hook_metrics(self.eval_hook(model, st.step, st.tokens)))
+                with self.eager() as eager_model:
+                    rec.update(validate_hook_metrics(self.eval_hook(eager_model, st.step, st.tokens)))
         model.train()
         if hasattr(model, "reshard"):  # FSDP2 keeps the root unsharded after a forward
             model.reshard()
