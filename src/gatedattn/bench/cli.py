@@ -106,8 +106,9 @@ def register(sub) -> None:
     p.add_argument("--out", help="also write the results as JSON to this file")
     p.add_argument("--real-model", nargs="?", const="", metavar="PATH",
                    help="instead: our GatedLM against transformers' LlamaForCausalLM on the same pretrained weights "
-                        "(a .gguf file or a model directory; default the bundled SmolLM2-135M): analysis forward (the "
-                        "loss, as analyze runs it; the logits alone for reference), training step, the real-model study's frozen-model step (learnable sinks from its start "
-                        "layer up) and greedy decoding, with MFU, each row's products alone and its per-round "
-                        "speedups (5 rounds unless --repeats says otherwise)")
+                        "(a .gguf file or a model directory; default the bundled SmolLM2-135M): analysis forward "
+                        "(the loss, as analyze runs it; the logits alone for reference), training step, the "
+                        "real-model study's frozen-model step (learnable sinks from its start layer up) and greedy "
+                        "decoding, with MFU, each row's products alone and its per-round speedups (5 rounds "
+                        "unless --repeats says otherwise)")
     p.set_defaults(func=_run, **input_options(("--real-model", "real_model")))

@@ -98,7 +98,7 @@ def stacked_weight(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Te
     if not all(plain_linear(m) for m in modules):
         return None
     weights = [m.weight for m in modules]
-    if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+    if _needs_grad(*weights):
         return None
     biases = [m.bias for m in modules]
     if any(b is None for b in biases) and not all(b is None for b in biases):

@@ -2,8 +2,9 @@
 
 ``build_optimizer(model, cfg)`` returns an :class:`Optimizers` holding AdamW alone, or
 (``cfg.optimizer == "muon"``) ``torch.optim.Muon`` for the 2-D hidden matrices plus AdamW
-for the rest, as in the HyGA paper; AdamW runs fused where it can (:func:`fusable`). Weight decay applies to the weight matrices of
-linear layers and embeddings only, never to norms, biases, static gate logits or sinks.
+for the rest, as in the HyGA paper; AdamW runs fused where it can (:func:`fusable`).
+Weight decay applies to the weight matrices of linear layers and embeddings only, never to
+norms, biases, static gate logits or sinks.
 
 ``lr_at(step, ...)`` is the schedule as a pure function of the step, so resuming needs no
 scheduler state: linear warm-up to ``lr`` over ``warmup_steps`` updates, then cosine (or
