@@ -84,8 +84,8 @@ def test_under_autocast_the_frozen_weights_are_cast_once_for_every_step():
     assert all(float(p.detach().abs().max()) > 0 for p in sinks)
     hidden, targets = torch.randn(4, 8, base.cfg.attention.d_model), torch.randint(0, 50, (4, 8))
     with torch.autocast("cpu", dtype=torch.bfloat16), WeightCasts(weights) as arm:
-        train_arm(model, sinks, 1e-2, hidden, targets, torch.arange(4), steps=3, batch=2, start=1,
-                  window=0, first="keep")
+        train_arm(model, [{"params": sinks, "lr": 1e-2}], hidden, targets, torch.arange(4), steps=3, batch=2,
+                  start=1, window=0, first="keep")
     assert arm.casts == first.casts  # once for the three steps
 
 

@@ -13,7 +13,7 @@ from gatedattn.train.config import ModelRecipe
 @pytest.mark.slow
 def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, capsys):
     out = tmp_path / "report"
-    assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
+    assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["variants"]) == {"baseline", "gated"}
     for variant, summary in results["summary"].items():
@@ -52,7 +52,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
     assert text.index("## Extra study") < text.index("## Reproduce")
     # a second call reuses the finished runs (resume) and rewrites the same numbers
     before = results["summary"]["gated"]["val_loss"]
-    assert main(["reproduce", "--quick", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
+    assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["gated"]["val_loss"] == before
     assert again["mechanism"]["depths"] == mech["depths"]  # part 1's runs reused too
@@ -71,6 +71,27 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
     text_only = {k: v for k, v in again.items() if k not in ("mechanism", "pretrained")}
     plain = write_report(text_only, tmp_path / "text-only").read_text()
     assert "## Part 1" not in plain and "## Part 2" not in plain and "## Setup" in plain
+
+
+@pytest.mark.slow
+def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["reproduce", "--quick", "--no-mechanism", "--out", str(out), "-q"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert "variants" not in results and "claims" not in results and results["pretrained"]["claims"]
+    assert not (out / "data").exists() and not list(out.glob("baseline*"))  # no corpus prepared, nothing trained
+    report = (out / "report.md").read_text()
+    assert "## Part 1: a real pretrained" in report and "**Natural text:**" in report
+    assert "`gatedattn reproduce --study text`" in report and "## Setup" not in report
+    assert report.index("**Natural text:**") < report.index("## Reproduce")
+    assert main(["reproduce", "--out", str(out), "--report-only"]) == 0
+    assert (out / "report.md").read_text() == report  # byte for byte from results.json
+
+
+def test_fold_without_natural_text_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="^ReproduceConfig.fold joins studies to the natural-text claims: give "
+                                          "--with-text"):
+        ReproduceConfig.make(fold=("runs/lr",))
 
 
 @pytest.mark.parametrize("fields,match", [

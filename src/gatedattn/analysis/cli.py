@@ -1,6 +1,6 @@
 """``gatedattn analyze`` and ``gatedattn extrapolate``.
 
-    gatedattn analyze --model DIR [--data DATA_DIR | --text PATH...] [--first-token bos|none|ID]
+    gatedattn analyze --model DIR [--data DATA_DIR | --text PATH...] [--first-token auto|bos|none|ID]
                       [--seq-len N] [--batches K] [--batch-size B] [--seed S]
                       [--layers 2,3] [--eps 0.3] [--device D] [--json] [--out FILE] [--plots DIR]
     gatedattn extrapolate --model DIR [--data DATA_DIR] [--train-len N]
@@ -35,7 +35,8 @@ import numpy as np
 from gatedattn.analysis.analyze import (analyze, extrapolate, extrapolation_curves, format_analysis,
                                         format_extrapolation, load_any)
 from gatedattn.analysis.windows import (document_windows, model_tokenizer, parse_first_token, resolve_first_token,
-                                        text_documents, tokenize_documents, tokenizer_bos, val_documents)
+                                        text_documents, tokenize_documents, tokenizer_bos, tokenizer_convention,
+                                        val_documents)
 from gatedattn.data import TokenData
 from gatedattn.hf.load import load_config, verify_model_dir
 from gatedattn.infra.device import model_device
@@ -231,7 +232,8 @@ def _analysis_windows(args: argparse.Namespace, device="cpu"):
     seq_len = args.seq_len or min(cfg.max_seq_len, MAX_DEFAULT_SEQ_LEN)
     _check_analysis_memory(args, cfg, seq_len, device)
     tokenizer, data = _text_source(args, cfg)
-    first = resolve_first_token(args.first_token, cfg, tokenizer_bos=tokenizer_bos(args.model, tokenizer))
+    first = resolve_first_token(args.first_token, cfg, tokenizer_bos=tokenizer_bos(args.model, tokenizer),
+                                convention=tokenizer_convention(args.model, tokenizer))
     if data is not None:
         docs, source = val_documents(data), {"source": "data", "data": str(data.data_dir)}
     else:
@@ -335,8 +337,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "first position, gate score statistics and loss (docs/design.md section 4).",
     )
     _common(p, text=True)
-    p.add_argument("--first-token", type=_first_token_arg, default="bos", metavar="bos|none|ID",
-                   help="position 0 of every window: bos (the model's own BOS, default), none (an ordinary "
+    p.add_argument("--first-token", type=_first_token_arg, default="auto", metavar="auto|bos|none|ID",
+                   help="position 0 of every window: auto (what the model's tokenizer puts before text: its BOS "
+                        "where it adds one, else none; default), bos (the model's own BOS), none (an ordinary "
                         "text token) or a token id")
     p.add_argument("--seq-len", type=_positive_int, default=None,
                    help=f"window length (default: the model's max_seq_len, at most {MAX_DEFAULT_SEQ_LEN})")

@@ -12,8 +12,9 @@ So every window here is ``[first token] + seq_len`` consecutive tokens of ONE do
   ``val.bin`` split at the EOS that follows every document), :func:`text_documents` the
   texts of ``.txt`` / ``.md`` / ``.jsonl`` inputs, :func:`model_tokenizer` the tokenizer
   of a model directory;
-- :func:`resolve_first_token` turns ``bos`` / ``none`` / an id into a :class:`FirstToken`
-  for a model, refusing what the model cannot take.
+- :func:`resolve_first_token` turns ``auto`` / ``bos`` / ``none`` / an id into a
+  :class:`FirstToken` for a model, refusing what the model cannot take; ``auto`` follows
+  :func:`tokenizer_convention`, what the model's own tokenizer puts before text.
 
 A window row is (seq_len + 1,) like a ``TokenData`` row: the model reads ``row[:-1]``
 (seq_len positions) and predicts ``row[1:]``.
@@ -44,6 +45,7 @@ __all__ = [
     "parse_first_token",
     "resolve_first_token",
     "stream_documents",
+    "tokenizer_convention",
     "text_documents",
     "tokenize_documents",
     "val_documents",
@@ -65,6 +67,7 @@ class FirstToken:
 
     mode: str
     id: int | None
+    why: str | None = None  # how ``auto`` chose it (None: chosen by the user)
 
     def __post_init__(self) -> None:
         if self.mode not in FIRST_TOKEN_MODES:
@@ -74,41 +77,125 @@ class FirstToken:
                                  f"bos and id have one")
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"mode": ..., "id": ...}`` (JSON-ready)."""
-        return {"mode": self.mode, "id": self.id}
+        """``{"mode": ..., "id": ...}`` (JSON-ready), with ``why`` where ``auto`` chose it."""
+        return {"mode": self.mode, "id": self.id, **({"why": self.why} if self.why else {})}
 
 
 def parse_first_token(text: str | int) -> str | int:
-    """``bos``, ``none`` or a token id >= 0 (the ``--first-token`` syntax); anything else is
-    refused naming the allowed values."""
+    """``auto``, ``bos``, ``none`` or a token id >= 0 (the ``--first-token`` syntax); anything
+    else is refused naming the allowed values."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
         word = str(text).strip().lower()
-        if word in ("bos", "none"):
+        if word in ("auto", "bos", "none"):
             return word
         try:
             value = int(word)
         except ValueError:
-            raise GatedAttnError(f"--first-token {text!r}: choose bos, none or a token id (an integer >= 0)") from None
+            raise GatedAttnError(f"--first-token {text!r}: choose auto, bos, none or a token id (an integer >= 0)"
+                                 ) from None
     if value < 0:
-        raise GatedAttnError(f"--first-token {value}: a token id is an integer >= 0 (or choose bos or none)")
+        raise GatedAttnError(f"--first-token {value}: a token id is an integer >= 0 (or choose auto, bos or none)")
     return value
 
 
-def resolve_first_token(spec: str | int, cfg: Any, *, tokenizer_bos: int | None = None) -> FirstToken:
-    """The :class:`FirstToken` for ``spec`` (``bos``, ``none`` or an id, see
+@dataclass(frozen=True)
+class Convention:
+    """What a model's tokenizer puts before text when it encodes it: ``bos`` (a token id)
+    or None (nothing: position 0 is the first text token), and where that was read."""
+
+    bos: int | None
+    why: str
+
+
+def tokenizer_convention(model_path: str | os.PathLike | None, tokenizer: Any) -> Convention | None:
+    """What the model's tokenizer adds before text (None where nothing says), read in order:
+
+    1. a GGUF file's ``tokenizer.ggml.add_bos_token`` (llama.cpp's flag, with
+       ``tokenizer.ggml.bos_token_id``);
+    2. a directory's ``tokenizer_config.json`` ``add_bos_token`` (with its ``bos_token``);
+    3. the tokenizer itself: a probe text encoded with and without special tokens; the
+       ids its template puts in front (a ``TemplateProcessing`` BOS), or none.
+    """
+    gguf = hf_load._gguf(model_path) if model_path is not None and Path(model_path).exists() else None
+    if gguf is not None:
+        from gatedattn.hf.gguf import read_header  # lazy: hf.gguf imports hf.load
+
+        meta = read_header(gguf).metadata
+        flag = meta.get("tokenizer.ggml.add_bos_token")
+        if isinstance(flag, bool):
+            bos = meta.get("tokenizer.ggml.bos_token_id")
+            if not flag:
+                return Convention(None, "the GGUF's tokenizer.ggml.add_bos_token is false")
+            if bos is not None:
+                return Convention(int(bos), "the GGUF's tokenizer.ggml.add_bos_token is true")
+    elif model_path is not None and (Path(model_path) / TOKENIZER_CONFIG_FILE).is_file():
+        try:
+            flag = json.loads((Path(model_path) / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8")).get(
+                "add_bos_token")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            flag = None
+        if flag is False:
+            return Convention(None, f"{TOKENIZER_CONFIG_FILE} sets add_bos_token false")
+        if flag is True and tokenizer is not None:
+            bos = tokenizer_bos(model_path, tokenizer)
+            if bos is not None:
+                return Convention(bos, f"{TOKENIZER_CONFIG_FILE} sets add_bos_token true")
+    return _probe_convention(tokenizer)
+
+
+_PROBE = "The first words of a text."
+
+
+def _probe_convention(tokenizer: Any) -> Convention | None:
+    """What ``tokenizer`` (a ``tokenizers.Tokenizer`` or any object whose ``encode(text,
+    add_special_tokens=...)`` gives ids or an object with ``.ids``) adds in front of text."""
+    if tokenizer is None or not hasattr(tokenizer, "encode"):
+        return None
+
+    def ids(special: bool) -> list[int]:
+        out = tokenizer.encode(_PROBE, add_special_tokens=special)
+        return list(getattr(out, "ids", out))
+
+    try:
+        plain, special = ids(False), ids(True)
+    except (TypeError, ValueError):
+        return None
+    n = len(special) - len(plain)
+    if n == 0 and special == plain:
+        return Convention(None, "the tokenizer adds no token before text")
+    if n > 0 and special[n:n + len(plain)] == plain:
+        return Convention(int(special[0]), f"the tokenizer's template puts token {special[0]} before text")
+    return None
+
+
+def resolve_first_token(spec: str | int, cfg: Any, *, tokenizer_bos: int | None = None,
+                        convention: Convention | None = None) -> FirstToken:
+    """The :class:`FirstToken` for ``spec`` (``auto``, ``bos``, ``none`` or an id, see
     :func:`parse_first_token`) and a model config ``cfg`` (``bos_token_id``, ``vocab_size``).
 
-    ``bos`` is ``cfg.bos_token_id``, else ``tokenizer_bos`` (the BOS the model's tokenizer
-    names); a model with neither is refused, suggesting ``none`` or an id. An id must lie
-    in the model's vocabulary.
+    ``auto`` follows ``convention`` (:func:`tokenizer_convention`): the model's BOS where its
+    tokenizer adds one, else none; it is refused where nothing says. ``bos`` is
+    ``cfg.bos_token_id``, else ``tokenizer_bos`` (the BOS the model's tokenizer names); a
+    model with neither is refused, suggesting ``none`` or an id. An id must lie in the
+    model's vocabulary.
     """
     spec = parse_first_token(spec)
     vocab = getattr(cfg, "vocab_size", None)
-    if spec == "none":
+    why = None
+    if spec == "auto":
+        if convention is None:
+            raise GatedAttnError("--first-token auto: the model's tokenizer does not say what it puts before text "
+                                 "(no add_bos_token in its GGUF metadata or tokenizer_config.json, and no tokenizer "
+                                 "to probe); choose --first-token bos, none or a token id")
+        if convention.bos is None:
+            return FirstToken("none", None, why=f"auto: {convention.why}")
+        spec, why = convention.bos, f"auto: {convention.why}"
+        mode, tid = "bos", int(spec)
+    elif spec == "none":
         return FirstToken("none", None)
-    if spec == "bos":
+    elif spec == "bos":
         bos = getattr(cfg, "bos_token_id", None)
         bos = tokenizer_bos if bos is None else bos
         if bos is None:
@@ -119,7 +206,7 @@ def resolve_first_token(spec: str | int, cfg: Any, *, tokenizer_bos: int | None 
         mode, tid = "id", int(spec)
     if vocab is not None and not 0 <= tid < vocab:
         raise GatedAttnError(f"--first-token {tid}: outside the model's vocabulary [0, {vocab})")
-    return FirstToken(mode, tid)
+    return FirstToken(mode, tid, why=why)
 
 
 # --------------------------------------------------------------------------- documents

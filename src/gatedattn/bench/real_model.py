@@ -104,11 +104,12 @@ def _train_step(model: torch.nn.Module, ids: torch.Tensor, loss_of: Callable, pr
 
 
 def sink_arm(ours, start: int):
-    """The real-model study's sink arm of ``ours`` (a copy; ``arms.build_arm``): the model
-    and its trainable sinks, those of the layers from ``start`` up."""
+    """The real-model study's sink arm of ``ours`` (a copy; ``arms.build_arm``, logits
+    started at 0): the model and its trainable sinks, those of the layers from ``start`` up."""
     from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm  # lazy: heavy (matplotlib)
 
-    return build_arm(ours, ARM_SPECS["sink"], start)
+    model, groups = build_arm(ours, ARM_SPECS["sink-zero"], start)
+    return model, [p for g in groups for p in g["params"]]
 
 
 def _frozen_step(model, params, ids: torch.Tensor, start: int, precision) -> Callable[[], None]:

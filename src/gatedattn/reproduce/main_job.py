@@ -1,7 +1,11 @@
 """The main job's composition: its config (``ReproduceConfig``: the mechanism study, the
-real-model study, then natural text), the parts run in order into one output directory,
-the studies run apart folded into its claims, the overhead timing rounds, and the claims
-judged anew for ``--report-only``."""
+real-model study, and natural text where asked), the parts run in order into one output
+directory, the studies run apart folded into its claims, the overhead timing rounds, and
+the claims judged anew for ``--report-only``.
+
+Natural text is left out of the default job: at the scale two CPU cores train in minutes
+it judges almost none of its claims (a natural-text sink needs billions of tokens), so it
+runs as ``--study text``, or here with ``--with-text``."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.infra.provenance import say
+from gatedattn.infra.provenance import run_meta, say
 from gatedattn.infra.settings import option
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.mechanism import MechanismConfig
@@ -33,15 +37,18 @@ def _say(msg: str) -> None:
 
 @dataclass(frozen=True)
 class ReproduceConfig(TextConfig):
-    """The main job: the Bigram-Backcopy mechanism study (``mechanism``), then the
-    natural-text study (the fields of :class:`TextConfig`); ``fold`` joins the results of
-    learning-rate and rank studies run apart to its claims."""
+    """The main job: the Bigram-Backcopy mechanism study (``mechanism``), the real-model
+    study (``pretrained``), then, with ``natural_text``, the natural-text study (the fields
+    of :class:`TextConfig`); ``fold`` joins the results of learning-rate and rank studies
+    run apart to its claims."""
 
     STUDY: ClassVar[str] = NAME
 
     out_dir: str = option("runs/reproduce", help="output directory")
     fold: tuple[str, ...] = option((), help="output directories of an lr or rank study whose results join this "
-                                            "report's claims table")
+                                            "report's claims table (needs natural_text)")
+    natural_text: bool = option(False, help="run the natural-text study as the last part (left out by default: on a "
+                                            "CPU it trains too few tokens to judge its claims; --study text alone)")
     budget_minutes: float | None = option(11.0, gt=0, help="wall-clock budget of the natural-text part: time each "
                                                            "variant's training step first and fit the steps to it "
                                                            "(instead of steps)")
@@ -58,6 +65,9 @@ class ReproduceConfig(TextConfig):
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"ReproduceConfig.{name} must be a {kind.__name__} or None, "
                                   f"got {type(value).__name__}")
+        if self.fold and not self.natural_text:
+            raise ConfigError("ReproduceConfig.fold joins studies to the natural-text claims: give --with-text "
+                              "(natural_text=true) with --fold")
         super().__post_init__()
 
     @classmethod
@@ -70,15 +80,21 @@ class ReproduceConfig(TextConfig):
 
 
 def reproduce(cfg: TextConfig, command: str | None = None, *, parts: Sequence[MainPart] = (),
-              fold: tuple[str, ...] = (), foldable: Mapping[str, Section] = MappingProxyType({})) -> Path:
-    """The natural-text study of ``cfg``, after the main job's other ``parts`` (each run
-    into ``out``, its results under its key), with the studies written in the
-    directories ``fold`` joined to its claims; writes ``results.json`` and ``report.md``;
-    returns the report's path. ``foldable``: the results key of each study that may be
-    folded in, with its report section (from the study registry)."""
+              fold: tuple[str, ...] = (), foldable: Mapping[str, Section] = MappingProxyType({}),
+              natural_text: bool = True) -> Path:
+    """The main job's ``parts`` (each run into ``out``, its results under its key), then,
+    with ``natural_text``, the natural-text study of ``cfg``, with the studies written in
+    the directories ``fold`` joined to its claims; writes ``results.json`` and
+    ``report.md``; returns the report's path. ``foldable``: the results key of each study
+    that may be folded in, with its report section (from the study registry)."""
     started = time.time()
     folds = read_folds(fold, tuple(foldable))
-    out, data_dir, data, results = start_study(cfg)
+    if natural_text:
+        out, data_dir, data, results = start_study(cfg)
+    else:
+        out = Path(cfg.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        results = {"study": cfg.STUDY, "config": {"out_dir": cfg.out_dir, "natural_text": False}}
     for part in parts:
         part_started = time.time()
         _say(f"{part.key}: starting")
@@ -86,10 +102,13 @@ def reproduce(cfg: TextConfig, command: str | None = None, *, parts: Sequence[Ma
         results[part.key].setdefault("minutes", (time.time() - part_started) / 60)
         _say(f"{part.key} done in {results[part.key]['minutes']:.1f} min")
         atomic_write_json(out / "results.json", json_safe(results))
-    cfg = text_part(cfg, data_dir, data, out, results)
-    fold_in(results, folds, tuple(foldable))
-    results["meta"] = study_meta(cfg, data, command, started)
-    results["claims"] = judge_all(results)
+    if natural_text:
+        cfg = text_part(cfg, data_dir, data, out, results)
+        fold_in(results, folds, tuple(foldable))
+        results["meta"] = study_meta(cfg, data, command, started)
+        results["claims"] = judge_all(results)
+    else:
+        results["meta"] = run_meta(command or cfg.command(), started)
     atomic_write_json(out / "results.json", json_safe(results))
     return write_report(results, out, sections=list(foldable.values()),
                         parts=[(p.key, p.section) for p in parts])
@@ -152,6 +171,8 @@ FLAGS: dict[str, Flag] = {
     "--no-mechanism": Flag("mechanism", "the main job without its mechanism part (the Bigram-Backcopy study)",
                            value=None, switch=True),
     "--no-pretrained": Flag("pretrained", "the main job without its real-model part", value=None, switch=True),
+    "--with-text": Flag("natural_text", "the main job with the natural-text study as its last part (--study text "
+                                        "runs it alone)", value=True, switch=True),
     "--model": Flag("pretrained.model", "the real-model part's model: a .gguf file or a model directory (default: "
                                         "the bundled SmolLM2-135M-Instruct)"),
 }

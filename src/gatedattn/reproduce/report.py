@@ -172,6 +172,8 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
     before the closing "Reproduce" section."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if "variants" not in results:
+        return _write_parts_report(results, out, parts)
     made = make_plots(results, out)
     claims = results.get("claims") or judge_all(results)
     variants = list(results["variants"])
@@ -253,6 +255,31 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
 NATURAL_SINK_TOKENS = ("natural-text sinks need far more training than a CPU gives: Gu et al. 2024 (\"When "
                        "Attention Sink Emerges in Language Models\") study their emergence in ~60 M-parameter models "
                        "pretrained on billions of tokens")
+
+
+TEXT_LEFT_OUT = ("natural text (the project's models trained from scratch on the bundled corpus) is not part of "
+                 f"this job: {NATURAL_SINK_TOKENS}, while two CPU cores train a few million tokens in its minutes, "
+                 "so it judged almost none of its claims here. It runs as `gatedattn reproduce --study text` (or "
+                 "this job with `--with-text`), in `scripts/reproduce_extended.sh` and on a GPU with "
+                 "`scripts/reproduce_gpu.sh`.")
+
+
+def _write_parts_report(results: dict, out: Path, parts: Sequence[tuple[str, Part]]) -> Path:
+    """``report.md`` of a main job without its natural-text part: its setup, every part it
+    ran, where natural text went, and how to run it again."""
+    meta = results["meta"]
+    lines = ["# gatedattn reproduction report", "",
+             "Small-scale checks of the claims of *Gated Attention for LLMs* (Qiu et al. 2025) and *Hybrid Gated "
+             "Attention* (HyGA): the mechanism on a task built to show it, and the attention sink of a real "
+             "pretrained language model with what can take its job.", "",
+             "| | |", "|---|---|", f"| command | `{meta['command']}` |", f"| machine | {meta['machine']} |",
+             f"| software | python {meta['python']}, torch {meta['torch']}, gatedattn {meta['gatedattn']} "
+             f"({meta['code_version']}) |", f"| date | {meta['started']} · {meta['duration_min']:.1f} min |", "",
+             *_parts(results, out, parts),
+             f"**Natural text:** {TEXT_LEFT_OUT}", "",
+             "## Reproduce", "", "```bash", meta["command"], "```", "",
+             "All figures above come from `results.json` beside this report.", ""]
+    return atomic_write_text(out / "report.md", "\n".join(lines))
 
 
 def _parts(results: dict, out: Path, parts: Sequence[tuple[str, Part]]) -> list[str]:

@@ -8,9 +8,10 @@ settle. ``gatedattn reproduce`` and the main job's report read this table; nothi
 branches on a study's name. A new study is one module (its config, its training and its
 report section) and one entry below.
 
-The main job is a composition: the ``mechanism`` study, then the ``text`` study, in one
-output directory and one report (its ``parts``); the studies with a ``key`` (lr, rank)
-run apart and fold into the main report with ``--fold DIR``.
+The main job is a composition: the ``mechanism`` study, the ``pretrained`` study and, with
+``--with-text``, the ``text`` study, in one output directory and one report (its
+``parts``); the studies with a ``key`` (lr, rank) run apart and fold into the main
+report's natural-text claims with ``--fold DIR``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def _main_parts(cfg: ReproduceConfig | None = None) -> list[MainPart]:
 
 
 def _run_main(cfg: ReproduceConfig, command: str | None) -> Path:
-    return reproduce(cfg, command, parts=_main_parts(cfg), fold=cfg.fold, foldable=_fold_sections())
+    return reproduce(cfg, command, parts=_main_parts(cfg), fold=cfg.fold, foldable=_fold_sections(),
+                     natural_text=cfg.natural_text)
 
 
 def _run_text(cfg: text_config.TextConfig, command: str | None) -> Path:
@@ -65,7 +67,7 @@ def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
 
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study(main_job.NAME, "the main job: the mechanism study, the real-model study, then natural text",
+    Study(main_job.NAME, "the main job: the mechanism study and the real-model study (natural text with --with-text)",
           ReproduceConfig, main_job.FLAGS, _run_main, report=_text_report, parts=("mechanism", PRETRAINED, "text")),
     Study(PRETRAINED, "a real pretrained LM, frozen: its attention sink and massive activations, whether the sink "
                       "is needed, and whether a learnable sink or an output gate can take its job (default: the "

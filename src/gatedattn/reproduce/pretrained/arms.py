@@ -1,25 +1,28 @@
 """What is trained in place of the first token: a learnable sink, an output gate, a control.
 
-Every arm is added to a copy of the frozen model (:func:`build_arm`): ``sink`` and the
-gates through :func:`gatedattn.hf.add_gates` with identity init (the model's outputs are
-unchanged; a sink starts at logit 0 in the layers it trains, -30, that is absent, below),
-the control as a bias on each layer's attention output, starting at 0, which has as many
-parameters per layer as the residual stream is wide but no way to scale a head down. Only
-the arm's parameters in the layers from ``start`` up train (Adam); everything else is
-frozen, so the layers below ``start`` compute the same thing in every arm and run once
-per window (:func:`gatedattn.reproduce.pretrained.masked.prefix`).
+Every arm is added to a copy of the frozen model (:func:`build_arm`): the sinks and the
+gates through :func:`gatedattn.hf.add_gates` with identity init (the gates leave the
+model's outputs unchanged; a sink starts, in the layers it trains, at each head's measured
+first-token logit (:func:`first_token_logits`) or at 0, and stays absent, -30, below), the
+control as a bias on each layer's attention output, starting at 0, which has as many
+parameters per layer as the residual stream is wide but no way to scale a head down;
+``sink-bias`` has both. Only the arm's parameters in the layers from ``start`` up train
+(Adam); everything else is frozen, so the layers below ``start`` compute the same thing in
+every arm and run once per window (:func:`gatedattn.reproduce.pretrained.masked.prefix`).
 
-:func:`train_arm` trains one arm in one mode (first position dropped or kept) on the
-windows of a pool in the order of one seed, so the two modes of an arm see the same
-batches; :func:`head_stats` reads, per (layer, head), the attention left on the first
-position, the learnable sink's probability and the mean gate score.
+:func:`train_pair` trains one arm in both modes (first position dropped and kept) on the
+same batches of a pool in the order of one seed, until the paired loss stops improving
+(:func:`stop_step`); :func:`head_stats` reads, per (layer, head), the attention left on
+the first position, the learnable sink's probability and the mean gate score.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,70 +32,163 @@ from gatedattn.hf import add_gates
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.lm import GatedLM
 from gatedattn.ops.window import window_probs
-from gatedattn.reproduce.pretrained.masked import attention_mode, prefix, tail_losses
+from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, attention_mode, prefix, tail_losses
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: the preset it retrofits (None: the control's bias), the suffix of the
-    parameter names it trains, and the config field holding its learning rate."""
+    """One arm: the preset it retrofits (None: no gate or sink), the parameters it trains
+    (name suffix -> the config field holding their learning rate), whether it adds a bias
+    on each layer's attention output, and where its sink logits start (``measured``: each
+    head's mean first-token logit, ``zero``)."""
 
     name: str
     what: str
     variant: str | None
-    trains: str
-    lr_field: str
+    trains: tuple[tuple[str, str], ...]
+    bias: bool = False
+    sink_init: str | None = None
 
 
+_SINK, _BIAS, _GATE = ("attn.sink", "sink_lr"), ("attn.o_proj.bias", "control_lr"), ("attn.gate.", "gate_lr")
 ARM_SPECS = {a.name: a for a in (
-    Arm("sink", "a learnable sink logit per head (GPT-OSS, HyGA)", "sink", "attn.sink", "sink_lr"),
+    Arm("sink", "a learnable sink logit per head (GPT-OSS, HyGA), started at the head's measured first-token logit",
+        "sink", (_SINK,), sink_init="measured"),
+    Arm("sink-zero", "the same sink, its logits started at 0", "sink", (_SINK,), sink_init="zero"),
+    Arm("sink-bias", "the sink and the control's bias together (mass and value)", "sink", (_SINK, _BIAS), bias=True,
+        sink_init="measured"),
     Arm("gate-headwise", "a G1 sigmoid gate, one score per head, from the layer input X (Qiu et al.)",
-        "gated-headwise", "attn.gate.", "gate_lr"),
-    Arm("gate", "a G1 sigmoid gate, one score per channel (Qiu et al.'s choice)", "gated", "attn.gate.", "gate_lr"),
-    Arm("control", "a bias on each layer's attention output (no sink- or gate-like form)", None, "attn.o_proj.bias",
-        "control_lr"),
+        "gated-headwise", (_GATE,)),
+    Arm("gate", "a G1 sigmoid gate, one score per channel (Qiu et al.'s choice)", "gated", (_GATE,)),
+    Arm("control", "a bias on each layer's attention output (no sink- or gate-like form)", None, (_BIAS,), bias=True),
 )}
 
 
-def build_arm(base: GatedLM, arm: Arm, start: int) -> tuple[GatedLM, list[nn.Parameter]]:
-    """A copy of ``base`` with ``arm`` added; its trainable parameters (layers >= ``start``)."""
+def build_arm(base: GatedLM, arm: Arm, start: int, sink_logits: list[Tensor] | None = None,
+              lrs: dict[str, float] | None = None) -> tuple[GatedLM, list[dict]]:
+    """A copy of ``base`` with ``arm`` added; its trainable parameters (layers >= ``start``)
+    as Adam parameter groups (each with its learning rate from ``lrs``, config field ->
+    value). A sink starts at ``sink_logits[layer]`` (the measured first-token logit per
+    head) where the arm asks for it, else at 0, in the layers it trains; below ``start``
+    it stays absent (-30)."""
     model = copy.deepcopy(base)
     if arm.variant is not None:
         add_gates(model, arm.variant, init="identity")
     for p in model.parameters():
         p.requires_grad_(False)
     with torch.no_grad():
-        for block in model.blocks[start:]:
+        for i, block in enumerate(model.blocks[start:], start):
             attn = block.attn
-            if arm.name == "sink":
-                attn.sink.zero_()
-            if arm.name == "control":
+            if attn.sink is not None:
+                if arm.sink_init == "measured" and sink_logits is None:
+                    raise ValueError(f"arm {arm.name!r} starts its sink at the measured first-token logits: "
+                                     "give sink_logits")
+                attn.sink.copy_(sink_logits[i] if arm.sink_init == "measured" else torch.zeros_like(attn.sink))
+            if arm.bias:
                 attn.o_proj.bias = nn.Parameter(torch.zeros(attn.o_proj.out_features))
-    params = [p for name, p in model.named_parameters()
-              if name.startswith("blocks.") and int(name.split(".")[1]) >= start and arm.trains in name]
-    for p in params:
-        p.requires_grad_(True)
-    return model.eval(), params
+    groups = []
+    for suffix, lr_field in arm.trains:
+        params = [p for name, p in model.named_parameters()
+                  if name.startswith("blocks.") and int(name.split(".")[1]) >= start and suffix in name]
+        for p in params:
+            p.requires_grad_(True)
+        groups.append({"params": params, "lr": (lrs or {}).get(lr_field, 1e-3), "field": lr_field})
+    return model.eval(), groups
 
 
-def train_arm(model: GatedLM, params: list[nn.Parameter], lr: float, hidden: Tensor, targets: Tensor, order: Tensor,
-              *, steps: int, batch: int, start: int, window: int, first: str) -> list[float]:
-    """Adam over ``params`` for ``steps`` steps of ``batch`` pool windows taken in ``order``
-    (cycling): ``hidden`` their residual stream entering block ``start`` (:func:`prefix`),
-    ``targets`` their next tokens; the training loss of every step. Under autocast the
-    frozen weights are cast once for every step (``FrozenCasts``)."""
-    opt = torch.optim.Adam(params, lr=lr)
-    frozen = FrozenCasts(model)
-    curve = []
+def stop_step(paired: list[float], window: int, tol: float) -> int | None:
+    """The stopping rule: the first step count t (>= 2 ``window``) at which the mean paired
+    loss of steps t-window..t-1 is not below the mean of the ``window`` steps before it by
+    more than ``tol`` nats; None while it keeps improving."""
+    for t in range(2 * window, len(paired) + 1):
+        last = sum(paired[t - window:t]) / window
+        before = sum(paired[t - 2 * window:t - window]) / window
+        if last >= before - tol:
+            return t
+    return None
+
+
+def _adam(groups: list[dict]) -> torch.optim.Adam:
+    return torch.optim.Adam([{"params": g["params"], "lr": g["lr"]} for g in groups])
+
+
+def _step(model: GatedLM, opt: torch.optim.Optimizer, frozen: FrozenCasts, hidden: Tensor, targets: Tensor,
+          start: int, window: int, first: str) -> float:
+    """One Adam step of an arm on one batch; its training loss."""
+    with frozen.applied():
+        loss = tail_losses(model, hidden, targets, start, window, first).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def _rows(order: Tensor, step: int, batch: int) -> Tensor:
+    return order[(torch.arange(batch) + step * batch) % len(order)]
+
+
+def train_pair(models: dict[str, GatedLM], groups: dict[str, list[dict]], hidden: dict[str, Tensor],
+               targets: Tensor, order: Tensor, *, steps: int, batch: int, start: int, window: int,
+               stop_window: int, stop_tol: float) -> dict[str, Any]:
+    """Adam over each mode's copy of the arm (``models``: mode -> model, ``groups`` its
+    parameter groups) on the same ``batch`` pool windows a step, taken in ``order``
+    (cycling), ``hidden`` each mode's residual stream entering block ``start``; stops by
+    :func:`stop_step` on the paired loss (dropped minus kept), at ``steps`` at the most.
+    Returns each mode's training curve, the paired curve, the steps run and whether the
+    rule stopped it (``converged``). Under autocast the frozen weights are cast once
+    (``FrozenCasts``)."""
+    opts = {m: _adam(groups[m]) for m in models}
+    frozen = {m: FrozenCasts(model) for m, model in models.items()}
+    curves: dict[str, list[float]] = {m: [] for m in models}
+    paired: list[float] = []
+    stopped = None
     for step in range(steps):
-        rows = order[(torch.arange(batch) + step * batch) % len(order)]
-        with frozen.applied():
-            loss = tail_losses(model, hidden[rows], targets[rows], start, window, first).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        curve.append(loss.item())
-    return curve
+        rows = _rows(order, step, batch)
+        for mode, model in models.items():
+            curves[mode].append(_step(model, opts[mode], frozen[mode], hidden[mode][rows], targets[rows], start,
+                                      window, mode))
+        paired.append(curves[DROPPED][-1] - curves[KEPT][-1])
+        stopped = stop_step(paired, stop_window, stop_tol)
+        if stopped is not None:
+            break
+    return {"curves": curves, "paired": paired, "steps": len(paired), "converged": stopped is not None}
+
+
+def train_arm(model: GatedLM, groups: list[dict], hidden: Tensor, targets: Tensor, order: Tensor, *, steps: int,
+              batch: int, start: int, window: int, first: str) -> list[float]:
+    """One mode of :func:`train_pair` alone, for ``steps`` steps: the training loss of every
+    step."""
+    opt, frozen = _adam(groups), FrozenCasts(model)
+    return [_step(model, opt, frozen, hidden[rows], targets[rows], start, window, first)
+            for rows in (_rows(order, step, batch) for step in range(steps))]
+
+
+class _LogitCore(WindowCore):
+    """A ``WindowCore`` that collects, per head, the mean pre-softmax logit of queries 1.. on
+    key 0 (what a sink logit would have to be to take key 0's place)."""
+
+    def __init__(self, window: int, first: str, sums: list[Tensor]):
+        super().__init__(window, first)
+        self.sums = sums
+
+    def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None):
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        k0 = k[:, :, :1].repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, 1, D)
+        logits = (q.float() @ k0.float().transpose(-1, -2))[:, :, 1:, 0] * scale  # (B, H, T-1)
+        self.sums.append(logits.double().mean((0, 2)))
+        return super().forward(q, k, v, sink, q_offset=q_offset, scale=scale)
+
+
+def first_token_logits(model: GatedLM, inputs: Tensor, window: int) -> list[Tensor]:
+    """Per layer, each head's mean logit (H,) on position 0 from queries 1.. over ``inputs``
+    (N, T), first token kept, ``window`` attention."""
+    sums: list[list[Tensor]] = [[] for _ in model.blocks]
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        for block, acc in zip(model.blocks, sums):
+            stack.enter_context(block.attn.with_core(_LogitCore(window, KEPT, acc)))
+        for rows in inputs.split(4):
+            model(rows)
+    return [torch.stack(acc).mean(0).float() for acc in sums]
 
 
 class _RecordingCore(WindowCore):
@@ -137,4 +233,5 @@ def head_stats(model: GatedLM, inputs: Tensor, window: int, first: str) -> dict[
     }
 
 
-__all__ = ["ARM_SPECS", "Arm", "attention_mode", "build_arm", "head_stats", "prefix", "train_arm"]
+__all__ = ["ARM_SPECS", "Arm", "attention_mode", "build_arm", "first_token_logits", "head_stats", "prefix",
+           "stop_step", "train_arm", "train_pair"]

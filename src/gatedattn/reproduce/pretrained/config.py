@@ -9,8 +9,9 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.reproduce.registry import Flag, out_flag, quiet_flag
 
-ARMS = ("sink", "gate-headwise", "gate", "control")
-FIRST_TOKENS = ("bos", "none")
+ARMS = ("sink", "sink-zero", "sink-bias", "gate-headwise", "gate", "control")
+DEFAULT_ARMS = ("sink", "gate-headwise", "control")
+EXTENDED_ARMS = ("sink", "sink-zero", "sink-bias", "gate-headwise", "gate", "control")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,28 +22,37 @@ class PretrainedConfig:
 
     model: str | None = option(None, help="the model: a .gguf file, a directory load_model reads (default: the "
                                           "bundled SmolLM2-135M-Instruct GGUF)")
-    first_token: str = option("bos", help="the first position: bos (the model's own BOS token), none (an ordinary "
-                                          "text token), or a token id")
+    first_token: str = option("auto", help="the first position: auto (what the model's tokenizer puts before text: "
+                                           "its BOS where it adds one, else none), bos (the model's own BOS token), "
+                                           "none (an ordinary text token), or a token id")
     seq_len: int = option(256, ge=8, help="tokens per window, the first token included")
     analysis_windows: int = option(16, gt=0, help="held-out windows of the sink measurement")
-    eval_windows: int = option(8, gt=0, help="held-out windows every loss is measured on")
+    eval_windows: int = option(32, gt=1, help="held-out windows every loss is measured on")
     windows: tuple[int, ...] = option((32, 64, 128), gt=0, help="attention windows W of the no-op curve "
                                                                     "(full causal attention is always measured)")
     window: int = option(0, ge=0, help="the arms' window W (0: chosen from the curve: the largest W whose loss "
                                        "gap is at least min_gap)")
     min_gap: float = option(0.25, gt=0, help="nats: the loss gap a window needs to be chosen for the arms")
-    arms: tuple[str, ...] = option(("sink", "gate-headwise", "control"), choices=ARMS,
-                                   help="what is trained in place of the first token: " + ", ".join(ARMS))
-    seeds: int = option(2, gt=0, help="data orders of every arm")
-    steps: int = option(20, gt=0, help="optimizer steps of every arm")
-    batch: int = option(1, gt=0, help="windows per step")
-    sink_lr: float = option(1.0, gt=0, help="Adam learning rate of the learnable sink (logits start at 0)")
+    arms: tuple[str, ...] = option(DEFAULT_ARMS, choices=ARMS,
+                                   help="what is trained in place of the first token: " + ", ".join(ARMS) +
+                                        " (--set arms=" + ",".join(EXTENDED_ARMS) + ": the extended setting)")
+    seeds: int = option(3, gt=0, help="data orders of every arm")
+    steps: int = option(32, gt=0, help="the most optimizer steps of every arm (the stopping rule ends it earlier)")
+    batch: int = option(4, gt=0, help="windows per step")
+    stop_window: int = option(4, gt=0, help="the stopping rule: an arm stops at the first step where the mean paired "
+                                            "training loss (dropped minus kept, same batch) of its last stop_window "
+                                            "steps is not below that of the stop_window steps before by stop_tol")
+    stop_tol: float = option(0.005, ge=0, help="nats: the least improvement of the paired loss that keeps training")
+    kept_tol: float = option(0.02, ge=0, help="nats: an arm whose held-out kept-mode loss rose by more is credited "
+                                              "with no recovery")
+    sink_lr: float = option(1.0, gt=0, help="Adam learning rate of the learnable sink (logits start at each head's "
+                                            "measured first-token logit; at 0 in the sink-zero arm)")
     gate_lr: float = option(1e-2, gt=0, help="Adam learning rate of the gates (identity init: score 0.5, o_proj x2)")
     control_lr: float = option(3e-2, gt=0, help="Adam learning rate of the control (a bias on each layer's "
                                                 "attention output, starting at 0)")
     sink_layers_eps: float = option(0.2, gt=0, lt=1, help="arms train in the layers from the first whose F-Attn "
                                                           "exceeds this (the layers below run frozen and are cached)")
-    streaming_len: int = option(1024, ge=16, help="tokens of the streaming curve (one held-out document)")
+    streaming_len: int = option(4096, ge=16, help="tokens of the streaming curve (one held-out document)")
     continued_steps: int = option(0, ge=0, help="Qiu et al. App. A.7: steps of continued pretraining of the whole "
                                                 "model, with and without a retrofitted G1 gate, on the same windows "
                                                 "(0: off; minutes per step on a CPU)")
@@ -62,6 +72,10 @@ class PretrainedConfig:
         if any(w >= self.seq_len for w in self.windows) or self.window >= self.seq_len:
             raise ConfigError(f"PretrainedConfig.windows={self.windows} and window={self.window} must be below "
                               f"seq_len={self.seq_len} (a window that reaches the first token changes nothing)")
+        if 2 * self.stop_window > self.steps:
+            raise ConfigError(f"PretrainedConfig.stop_window={self.stop_window} can never stop an arm within steps="
+                              f"{self.steps}: the rule compares two blocks of stop_window steps (needs steps >= "
+                              f"{2 * self.stop_window})")
         if self.streaming_len <= max(self.windows):
             raise ConfigError(f"PretrainedConfig.streaming_len={self.streaming_len} must exceed the largest window "
                               f"{max(self.windows)}")
@@ -71,7 +85,7 @@ class PretrainedConfig:
         """The whole pipeline in well under a minute: the model cut to its first 4 layers,
         short windows, one data order, a few steps."""
         base = dict(truncate_layers=4, seq_len=64, analysis_windows=2, eval_windows=2, windows=(8, 16),
-                    arms=("sink", "gate-headwise", "control"), seeds=1, steps=2, batch=1, streaming_len=96,
+                    arms=DEFAULT_ARMS, seeds=1, steps=2, stop_window=1, batch=1, streaming_len=96,
                     window=8, out_dir="runs/reproduce-pretrained-quick")
         return cls(**{**base, **changes})
 
@@ -91,9 +105,10 @@ class PretrainedConfig:
 
 
 def first_token_id(first_token: str) -> int | None:
-    """``first_token`` as a token id, ``None`` for ``bos`` (the model's own, resolved once the
-    model is read) and ``-1`` for ``none``; anything else is refused naming the field."""
-    if first_token == "bos":
+    """``first_token`` as a token id, ``None`` for ``auto`` and ``bos`` (resolved once the
+    model and its tokenizer are read) and ``-1`` for ``none``; anything else is refused
+    naming the field."""
+    if first_token in ("auto", "bos"):
         return None
     if first_token == "none":
         return -1
@@ -102,7 +117,7 @@ def first_token_id(first_token: str) -> int | None:
     except (TypeError, ValueError):
         value = -1
     if value < 0 or str(value) != str(first_token).strip():
-        raise ConfigError(f"PretrainedConfig.first_token={first_token!r} is not allowed; choose bos, none, "
+        raise ConfigError(f"PretrainedConfig.first_token={first_token!r} is not allowed; choose auto, bos, none, "
                           f"or a token id (an int >= 0)")
     return value
 
@@ -112,7 +127,8 @@ FLAGS: dict[str, Flag] = {
                              "SmolLM2-135M-Instruct)"),
     "--steps": Flag("steps", "", type=int), "--seeds": Flag("seeds", "", type=int),
     "--seq-len": Flag("seq_len", "", type=int),
-    "--first-token": Flag("first_token", "the first position: bos (the model's BOS, default), none (an ordinary text "
-                                         "token) or a token id"),
+    "--first-token": Flag("first_token", "the first position: auto (what the model's tokenizer puts before text, "
+                                         "default), bos (the model's BOS), none (an ordinary text token) or a token "
+                                         "id"),
     "--out": out_flag(), "--quiet": quiet_flag(),
 }

@@ -60,22 +60,37 @@ def plot_noop(results: dict, path: Path) -> Path:
 
 
 def plot_arm_curves(results: dict, path: Path) -> Path:
-    """Training loss of every arm, first token dropped (solid) and kept (dotted), each data order."""
+    """Per arm: the training loss, first token dropped (solid) and kept (dotted), and below
+    it the paired loss (dropped − kept, same batch) the stopping rule reads, with the step
+    each data order stopped at."""
     arms = results["arms"]
-    fig = figure((4.0 * len(arms), 3.6))
-    axes = np.atleast_1d(fig.subplots(1, len(arms), sharey=True))
+    fig = figure((3.6 * len(arms), 6.4))
+    axes = np.asarray(fig.subplots(2, len(arms), sharey="row", squeeze=False))
     u = results["untouched"]
-    for ax, (name, arm) in zip(axes, arms.items()):
+    for col, (name, arm) in enumerate(arms.items()):
+        ax, bx = axes[0, col], axes[1, col]
         for seed, run in enumerate(arm["runs"]):
+            alpha = 1.0 - 0.25 * seed
             for mode, style in MODE_STYLE.items():
                 ax.plot(range(1, len(run[mode]["curve"]) + 1), _running_mean(run[mode]["curve"]), style,
-                        color=variant_color(name),
-                        alpha=1.0 - 0.35 * seed, label=f"{'dropped' if mode == 'drop' else 'kept'}, order {seed}")
+                        color=variant_color(name), alpha=alpha,
+                        label=f"{'dropped' if mode == 'drop' else 'kept'}, order {seed}")
+            paired = run.get("paired_curve")
+            if paired:
+                steps = range(1, len(paired) + 1)
+                bx.plot(steps, _running_mean(paired), color=variant_color(name), alpha=alpha, label=f"order {seed}")
+                bx.plot([len(paired)], [_running_mean(paired)[-1]], "x" if run.get("converged") else "o",
+                        color="black", alpha=alpha)
         ax.axhline(u["dropped"], color="tab:red", lw=0.8, ls="--", label="untouched, dropped (held out)")
         ax.axhline(u["kept"], color="black", lw=0.8, ls="--", label="untouched, kept (held out)")
-        ax.set(title=f"{name} ({arm['params']:,} parameters)", xlabel="step")
-    axes[0].set_ylabel(f"training loss (nats, running mean of {SMOOTH} steps)")
-    axes[-1].legend(fontsize=6)
+        bx.axhline(u["gap"], color="tab:red", lw=0.8, ls="--", label="untouched gap (held out)")
+        bx.axhline(0, color="grey", lw=0.5)
+        ax.set(title=f"{name} ({arm['params']:,} parameters)")
+        bx.set(xlabel="step")
+    axes[0, 0].set_ylabel(f"training loss (nats, running mean of {SMOOTH})")
+    axes[1, 0].set_ylabel("paired loss, dropped − kept (nats)")
+    axes[0, -1].legend(fontsize=6)
+    axes[1, -1].legend(fontsize=6, title="x: stopped by the rule, o: at the cap", title_fontsize=6)
     return save_figure(fig, path)
 
 
@@ -101,11 +116,11 @@ def plot_streaming(results: dict, path: Path) -> Path:
     fig = figure((7.0, 3.8))
     ax = fig.add_subplot()
     styles = {"full": ("full attention", "grey"), "kept": (f"W {s['window']}, first token kept", "black"),
-              "dropped": (f"W {s['window']}, first token dropped", "tab:red"),
-              "sink": (f"W {s['window']}, dropped, trained sink", variant_color("sink"))}
+              "dropped": (f"W {s['window']}, first token dropped", "tab:red")}
     for key, ys in s["curves"].items():
-        label, color = styles[key]
-        ax.plot(s["positions"], ys, color=color, label=label)
+        label, color = styles.get(key, (f"W {s['window']}, dropped, {key} trained", variant_color(key)))
+        ax.plot(s["positions"][:len(ys)], ys, color=color, label=label, lw=1.6 if key in styles else 1.0)
+    ax.axvline(s["window"], color="grey", ls="--", lw=0.8)
     ax.set(xlabel="position", ylabel=f"loss (nats, mean of {s['bin']} positions)",
            title="streaming: a long held-out text under window attention")
     ax.legend(fontsize=7)

@@ -3,6 +3,7 @@ when it runs alone."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from gatedattn.infra.io import atomic_write_text
@@ -16,12 +17,14 @@ CAPTIONS = {
     "first_token_map": "Attention on the first position, per layer and head.",
     "noop": "The loss with the first token in every query's view (kept) and without it (dropped), over the "
             "attention window; right: their gap with ± 2 standard errors over held-out windows.",
-    "arm_curves": "Training loss of each arm (its own parameters only; the model frozen; a running mean of 5 "
-                  "steps), first token dropped "
-                  "(solid) and kept (dotted), per data order; dashed: the untouched model on held-out windows.",
+    "arm_curves": "Top: training loss of each arm (its own parameters only; the model frozen; a running mean of 5 "
+                  "steps), first token dropped (solid) and kept (dotted), per data order; dashed: the untouched model "
+                  "on held-out windows. Bottom: the paired loss the stopping rule reads, and where each order "
+                  "stopped.",
     "heads": "Per head (layers the arms train): the untouched model's attention on the first token against the "
              "trained sink's probability and the gate's mean score, first token dropped.",
-    "streaming": "Per-position loss over one long held-out text under window attention.",
+    "streaming": "Per-position loss over one long held-out text under window attention, each arm's curve from "
+                 "its first data order (first token dropped); dashed: W.",
 }
 
 
@@ -49,13 +52,20 @@ def _sink_rows(s: dict, uniform: float) -> list[str]:
     return rows
 
 
+def _first_token_text(first: dict) -> str:
+    """How the first position was chosen: the mode, the id and, for ``auto``, why."""
+    what = "no special token: position 0 is the first text token" if first["mode"] == "none" else (
+        f"{first['mode']}, id {first['id']}")
+    return what + (f"; {first['why']}" if first.get("why") else "")
+
+
 def _sink_lines(r: dict) -> list[str]:
     s, m = r["sink"], r["model"]
     uniform = uniform_first_token_attention(s["seq_len"] - 1)
     cut = f" (cut from {m['full_layers']}: a quick run)" if m["layers"] < m["full_layers"] else ""
     lines = [f"{s['windows']['count']} held-out windows of {s['windows']['length']} positions, each one document "
-             f"stretch after the first token ({s['first_token']['mode']}, id {s['first_token']['id']}), no separator "
-             f"inside; uniform causal attention would put {uniform:.3f} on the first position.", "",
+             f"stretch after the first token ({_first_token_text(m.get('first_token') or s['first_token'])}), no "
+             f"separator inside; uniform causal attention would put {uniform:.3f} on the first position.", "",
              "| | this model |", "|---|---:|", *_sink_rows(s, uniform), "",
              f"Validation loss {_fmt(s.get('val_loss'))} nats. Model: {m['name']}, {m['layers']} layers{cut}, d_model "
              f"{m['d_model']}, {m['heads']} heads ({m['kv_heads']} KV), {m['params'] / 1e6:.0f} M parameters, fp32.", ""]
@@ -79,21 +89,70 @@ def _noop_lines(r: dict) -> list[str]:
 
 def _arm_lines(r: dict) -> list[str]:
     cfg, u = r["config"], r["untouched"]
+    stop = (f"until the paired training loss (dropped − kept, same batch) stopped improving: the mean of its last "
+            f"{cfg['stop_window']} steps not below the mean of the {cfg['stop_window']} before by "
+            f"{cfg['stop_tol']:g} nats, {cfg['steps']} steps at the most" if "stop_window" in cfg else
+            f"for {cfg['steps']} steps")
     lines = [f"Frozen model, window W = {r['window']}; each arm trains only its own parameters in layers "
              f"{r['start_layer']}–{r['model']['layers'] - 1} (from the first layer whose F-Attn exceeds "
-             f"{cfg['sink_layers_eps']:g}; below, the model runs untouched) with Adam for {cfg['steps']} steps of "
-             f"{cfg['batch']} × {cfg['seq_len']} training tokens, {cfg['seeds']} data orders, once with the first "
-             f"token dropped and once kept, on the same batches. Untouched model on held-out windows: "
-             f"{u['kept']:.3f} kept, {u['dropped']:.3f} dropped. Recovered = 1 − (L_arm,dropped − L_arm,kept) / "
-             "(L_dropped − L_kept): adaptation to the text, which lowers both, is taken out.", "",
-             "| arm | what | parameters | learning rate | recovered (paired) | unpaired | kept loss change |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    lrs = {"sink": cfg["sink_lr"], "gate-headwise": cfg["gate_lr"], "gate": cfg["gate_lr"],
-           "control": cfg["control_lr"]}
+             f"{cfg['sink_layers_eps']:g}; below, the model runs untouched) with Adam, {cfg['batch']} × "
+             f"{cfg['seq_len']} training tokens a step, {stop}; {cfg['seeds']} data orders, once with the first "
+             f"token dropped and once kept, on the same batches. Untouched model on {u['windows']} held-out windows: "
+             f"{u['kept']:.3f} kept, {u['dropped']:.3f} dropped.", "",
+             "Paired = 1 − (L_arm,dropped − L_arm,kept) / (L_dropped − L_kept): adaptation to the text, which lowers "
+             "both, is taken out. Unpaired = (L_dropped − L_arm,dropped) / (L_dropped − L_kept). An arm is credited "
+             "with the smaller of the two, and with nothing where its kept-mode loss rose by more than "
+             f"{cfg.get('kept_tol', 0):g} nats: an arm that only damages the kept mode takes nothing back.", "",
+             "| arm | what | parameters | learning rate | paired | unpaired | kept loss change | **credited** | "
+             "steps |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, a in r["arms"].items():
         rec, unp, kept = a["recovered"], a["unpaired"], a["kept_change"]
-        lines.append(f"| `{name}` | {a['what']} | {a['params']:,} | {lrs[name]:g} | {_fmt(rec['mean'], '.2f')} ± "
-                     f"{_fmt(rec['std'], '.2f')} | {_fmt(unp['mean'], '.2f')} | {_fmt(kept['mean'], '+.3f')} |")
+        cred = C.credit(a)
+        lrs = " / ".join(f"{cfg[f]:g}" for f in _lr_fields(name))
+        steps = ", ".join(f"{n}{'' if c else '*'}" for n, c in zip(a.get("steps", []), a.get("converged", [])))
+        lines.append(f"| `{name}` | {a['what']} | {a['params']:,} | {lrs} | {C.mean_pm(rec, '.2f')} | "
+                     f"{C.mean_pm(unp, '.2f')} | {C.mean_pm(kept, '+.3f')} | **{C.mean_pm(cred, '.2f')}** | "
+                     f"{steps or '–'} |")
+    lines += ["", "Mean ± standard deviation over the data orders; steps per order (* where the cap, not the rule, "
+                  "stopped it).", ""]
+    shares = _shares(r)
+    if shares:
+        lines += [shares, ""]
+    return lines
+
+
+def _lr_fields(name: str) -> list[str]:
+    from gatedattn.reproduce.pretrained.arms import ARM_SPECS
+
+    return [f for _, f in ARM_SPECS[name].trains] if name in ARM_SPECS else []
+
+
+def _shares(r: dict) -> str | None:
+    """What share of Δ the first token's two jobs explain: the mass (the sink alone), the
+    value (the bias alone: the control) and both (the sink with a bias), credited."""
+    arms = r.get("arms", {})
+    if not all(k in arms for k in ("sink", "control", "sink-bias")):
+        return None
+    mass, value, both = (C.credit(arms[k])["mean"] for k in ("sink", "control", "sink-bias"))
+    if None in (mass, value, both):
+        return None
+    return (f"The first token's two jobs, as credited shares of Δ: a place to park probability (the sink alone) "
+            f"{mass:.2f}; the drained value vector it adds (the bias alone, the control) {value:.2f}; both together "
+            f"(the sink with a bias) {both:.2f}.")
+
+
+def _streaming_lines(r: dict) -> list[str]:
+    s = r["streaming"]
+    m = s.get("late_mean") or {}
+    if "kept" not in m:
+        return []
+    lines = [f"One held-out document, {s['tokens']} tokens, W = {s['window']}; the mean loss past the first window "
+             "and its perplexity over that of the first token kept:", "",
+             "| | loss | perplexity ratio |", "|---|---:|---:|"]
+    for key, loss in m.items():
+        name = {"full": "full attention", "kept": "first token kept", "dropped": "first token dropped"}.get(
+            key, f"dropped, `{key}` trained (order 0)")
+        lines.append(f"| {name} | {loss:.3f} | {math.exp(loss - m['kept']):.3f} |")
     return lines + [""]
 
 
@@ -134,6 +193,8 @@ def pretrained_section(r: dict, out: Path, heading: str = "##", title: str | Non
               *_noop_lines(r)]
     if r.get("arms"):
         lines += [f"{heading}# Who can take its job", "", *_arm_lines(r)]
+    if r.get("streaming"):
+        lines += [f"{heading}# Streaming", "", *_streaming_lines(r)]
     if r.get("continued"):
         lines += [f"{heading}# A gate retrofitted during continued pretraining (App. A.7)", "", *_continued_lines(r)]
     for name, file in made.items():

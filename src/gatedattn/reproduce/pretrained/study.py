@@ -18,14 +18,14 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos
+from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos, tokenizer_convention
 from gatedattn.hf import add_gates, bundled_model_path, load_model
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.models.lm import GatedLM
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.pretrained import claims
-from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, head_stats, train_arm
+from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, first_token_logits, head_stats, train_pair
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, position_losses, prefix, tail_losses, window_losses
 from gatedattn.reproduce.pretrained.measure import gap, noop_curve, noop_point, pearson, sink_figures
@@ -63,11 +63,12 @@ def load(cfg: PretrainedConfig) -> tuple[GatedLM, Any, Any, dict[str, Any]]:
     if cfg.truncate_layers and cfg.truncate_layers < full_layers:
         model.blocks = model.blocks[:cfg.truncate_layers]
         model.cfg = model.cfg.replace(n_layers=cfg.truncate_layers)
-    first = resolve_first_token(cfg.first_token, model.cfg, tokenizer_bos=tokenizer_bos(path, tokenizer))
+    first = resolve_first_token(cfg.first_token, model.cfg, tokenizer_bos=tokenizer_bos(path, tokenizer),
+                                convention=tokenizer_convention(path, tokenizer))
     a = model.cfg.attention
     info = {"path": str(path), "name": path.name, "layers": model.cfg.n_layers, "full_layers": full_layers,
             "d_model": a.d_model, "heads": a.n_heads, "kv_heads": a.n_kv_heads, "vocab": model.cfg.vocab_size,
-            "params": sum(p.numel() for p in model.parameters()), "first_token": {"mode": first.mode, "id": first.id}}
+            "params": sum(p.numel() for p in model.parameters()), "first_token": first.to_dict()}
     return model, tokenizer, first, info
 
 
@@ -77,9 +78,9 @@ STAGE_FIELDS = {
     "sink": (*_TEXT, "analysis_windows"),
     "noop": (*_TEXT, "eval_windows", "windows"),
     "noop_plain": (*_TEXT, "eval_windows", "windows", "window", "min_gap"),
-    "arms": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "sink_layers_eps", "steps", "batch"),
-    "streaming": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "sink_layers_eps", "steps", "batch",
-                  "sink_lr", "streaming_len"),
+    "arms": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "sink_layers_eps", "steps", "batch",
+             "stop_window", "stop_tol", "streaming_len"),
+    "streaming": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "streaming_len"),
     "continued": (*_TEXT, "analysis_windows", "eval_windows", "batch", "continued_steps", "continued_lr"),
 }
 
@@ -144,6 +145,25 @@ def recovered(arm: dict, untouched: dict) -> float | None:
     return 1 - (arm[DROPPED]["loss"] - arm[KEPT]["loss"]) / gap0 if gap0 > 0 else None
 
 
+def unpaired(arm: dict, untouched: dict) -> float | None:
+    """(untouched dropped - arm dropped) / (untouched dropped - untouched kept): the share of
+    the gap the arm's dropped-mode loss closes against the untouched model."""
+    gap0 = untouched["dropped"] - untouched["kept"]
+    return (untouched["dropped"] - arm[DROPPED]["loss"]) / gap0 if gap0 > 0 else None
+
+
+def credited(arm: dict, untouched: dict, kept_tol: float) -> float | None:
+    """The recovery an arm is credited with: min(paired, unpaired), and 0 where its kept-mode
+    loss rose by more than ``kept_tol`` nats (an arm that damages the model with the first
+    token present takes nothing back, whatever its paired figure says)."""
+    paired, alone = recovered(arm, untouched), unpaired(arm, untouched)
+    if paired is None or alone is None:
+        return None
+    if arm[KEPT]["loss"] - untouched["kept"] > kept_tol:
+        return 0.0
+    return min(paired, alone)
+
+
 def _mean_std(values: list[float | None]) -> dict[str, Any]:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -152,13 +172,17 @@ def _mean_std(values: list[float | None]) -> dict[str, Any]:
 
 
 class _Arms:
-    """The arms' shared inputs: the frozen model, the layer they train from, the window and
-    the cached residual stream of the pool and held-out windows in both modes."""
+    """The arms' shared inputs: the frozen model, the layer they train from, the window, the
+    cached residual stream of the pool and held-out windows in both modes, the measured
+    first-token logits (a sink's start) and the streaming row."""
 
-    def __init__(self, cfg: PretrainedConfig, model: GatedLM, pool, evals, start: int, window: int):
+    def __init__(self, cfg: PretrainedConfig, model: GatedLM, pool, evals, start: int, window: int,
+                 sink_logits: list[list[float]], stream_row: torch.Tensor):
         self.cfg, self.model, self.start, self.window = cfg, model, start, window
         self.pool_targets, self.eval_targets = pool[:, 1:], evals[:, 1:]
         self.eval_inputs = evals[:, :-1]
+        self.sink_logits = [torch.tensor(layer) for layer in sink_logits]
+        self.stream_row = stream_row
         self.pool_hidden = {m: prefix(model, pool[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
         self.eval_hidden = {m: prefix(model, evals[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
 
@@ -167,35 +191,52 @@ class _Arms:
             return torch.cat([tail_losses(model, h, t, self.start, self.window, mode)
                               for h, t in zip(self.eval_hidden[mode].split(4), self.eval_targets.split(4))])
 
-    def run(self, arm_name: str, seed: int, mode: str) -> dict[str, Any]:
-        """One arm trained in one mode on the pool in seed ``seed``'s order; its held-out loss,
-        training curve, per-head figures (dropped mode) and trained parameters (the sink's)."""
+    def run(self, arm_name: str, seed: int) -> dict[str, Any]:
+        """One arm trained in both modes on the pool in seed ``seed``'s order, on the same
+        batches, until the stopping rule; per mode its held-out loss and training curve, the
+        per-head figures and trained sink (dropped mode), and for the first order its
+        streaming curve (first token dropped)."""
         cfg, arm = self.cfg, ARM_SPECS[arm_name]
-        model, params = build_arm(self.model, arm, self.start)
+        lrs = {f: getattr(cfg, f) for f in ("sink_lr", "gate_lr", "control_lr")}
+        built = {m: build_arm(self.model, arm, self.start, self.sink_logits, lrs) for m in (DROPPED, KEPT)}
         order = torch.randperm(len(self.pool_targets), generator=torch.Generator().manual_seed(seed))
-        curve = train_arm(model, params, getattr(cfg, arm.lr_field), self.pool_hidden[mode], self.pool_targets,
-                          order, steps=cfg.steps, batch=cfg.batch, start=self.start, window=self.window, first=mode)
-        losses = self.eval_loss(model, mode)
-        out = {"loss": losses.mean().item(), "losses": losses.tolist(), "curve": curve,
-               "params": sum(p.numel() for p in params)}
-        if mode == DROPPED:
-            out["heads"] = head_stats(model, self.eval_inputs[:HEAD_WINDOWS], self.window, mode)
-            if arm_name == "sink":
-                out["sink_logits"] = [b.attn.sink.tolist() for b in model.blocks]
+        trained = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()},
+                             self.pool_hidden, self.pool_targets, order, steps=cfg.steps, batch=cfg.batch,
+                             start=self.start, window=self.window, stop_window=cfg.stop_window,
+                             stop_tol=cfg.stop_tol)
+        out: dict[str, Any] = {"steps": trained["steps"], "converged": trained["converged"],
+                               "paired_curve": trained["paired"]}
+        for mode, (model, groups) in built.items():
+            losses = self.eval_loss(model, mode)
+            out[mode] = {"loss": losses.mean().item(), "losses": losses.tolist(), "curve": trained["curves"][mode],
+                         "params": sum(p.numel() for g in groups for p in g["params"])}
+        model = built[DROPPED][0]
+        out[DROPPED]["heads"] = head_stats(model, self.eval_inputs[:HEAD_WINDOWS], self.window, DROPPED)
+        if arm.sink_init is not None:
+            out[DROPPED]["sink_logits"] = [b.attn.sink.tolist() for b in model.blocks]
+        if seed == 0:
+            out["streaming"] = _bins(position_losses(model, self.stream_row, self.window, DROPPED))
         return out
 
 
+def _bins(losses: torch.Tensor) -> list[float]:
+    """A per-position loss curve (T,) as the means of STREAM_BIN positions."""
+    return [losses[b:b + STREAM_BIN].mean().item() for b in range(0, len(losses), STREAM_BIN)]
+
+
 def _arm_summary(name: str, runs: list[dict], untouched: dict, base_first: list[list[float]],
-                 start: int) -> dict[str, Any]:
-    """Recovered share per seed, and per (layer >= start, head) the correlation of the
-    untouched model's first-token attention with the arm's sink probability / gate score."""
-    rec = [recovered(r, untouched) for r in runs]
-    unpaired = [(untouched["dropped"] - r[DROPPED]["loss"]) / (untouched["dropped"] - untouched["kept"])
-                if untouched["dropped"] > untouched["kept"] else None for r in runs]
-    out: dict[str, Any] = {"recovered": _mean_std(rec), "unpaired": _mean_std(unpaired),
-                           "kept_change": _mean_std([r[KEPT]["loss"] - untouched["kept"] for r in runs])}
+                 start: int, kept_tol: float) -> dict[str, Any]:
+    """Per data order: the paired, unpaired and credited recovery and the kept-mode change;
+    per (layer >= start, head) the correlation of the untouched model's first-token
+    attention with the arm's sink probability / gate score."""
+    out: dict[str, Any] = {"recovered": _mean_std([recovered(r, untouched) for r in runs]),
+                           "unpaired": _mean_std([unpaired(r, untouched) for r in runs]),
+                           "credited": _mean_std([credited(r, untouched, kept_tol) for r in runs]),
+                           "kept_change": _mean_std([r[KEPT]["loss"] - untouched["kept"] for r in runs]),
+                           "steps": [r["steps"] for r in runs], "converged": [r["converged"] for r in runs]}
     alpha = [a for layer in base_first[start:] for a in layer]
-    for key in ("sink",) if name == "sink" else ("gate",) if ARM_SPECS[name].variant else ():
+    spec = ARM_SPECS[name]
+    for key in ("sink",) if spec.sink_init else ("gate",) if spec.variant else ():
         rs = []
         for r in runs:
             per_layer = r[DROPPED]["heads"][key][start:]
@@ -209,25 +250,23 @@ def _arm_summary(name: str, runs: list[dict], untouched: dict, base_first: list[
     return out
 
 
-def _streaming(cfg: PretrainedConfig, model: GatedLM, text, window: int, sink_logits: list | None) -> dict:
-    """Per-position loss over one long held-out window: full attention, window W with the
-    first token kept, dropped, and dropped with the trained sink (binned by STREAM_BIN)."""
-    row = text.long_window(cfg.streaming_len)
+def _streaming(cfg: PretrainedConfig, model: GatedLM, row: torch.Tensor, window: int) -> dict:
+    """Per-position loss over one long held-out window (binned by STREAM_BIN): full
+    attention, window W with the first token kept and dropped (each arm's curve, dropped,
+    comes from its first data order)."""
     curves = {"full": position_losses(model, row, 0, "free"), "kept": position_losses(model, row, window, KEPT),
               "dropped": position_losses(model, row, window, DROPPED)}
-    if sink_logits is not None:
-        sink_model, _ = build_arm(model, ARM_SPECS["sink"], 0)
-        with torch.no_grad():
-            for block, logits in zip(sink_model.blocks, sink_logits):
-                block.attn.sink.copy_(torch.tensor(logits))
-        curves["sink"] = position_losses(sink_model, row, window, DROPPED)
     n = row.shape[1] - 1
-    bins = list(range(0, n, STREAM_BIN))
-    half = slice(n // 2, n)
     return {"window": window, "tokens": n, "bin": STREAM_BIN,
-            "positions": [b + STREAM_BIN / 2 for b in bins],
-            "curves": {k: [v[b:b + STREAM_BIN].mean().item() for b in bins] for k, v in curves.items()},
-            "late_mean": {k: v[half].mean().item() for k, v in curves.items()}}
+            "positions": [b + STREAM_BIN / 2 for b in range(0, n, STREAM_BIN)],
+            "curves": {k: _bins(v) for k, v in curves.items()}}
+
+
+def streaming_late(s: dict) -> dict[str, float]:
+    """The mean loss of each streaming curve over the bins past the window (where every query's
+    view has slid past the first token)."""
+    skip = -(-s["window"] // s["bin"])  # the bins that hold positions below W
+    return {k: statistics.fmean(v[skip:]) for k, v in s["curves"].items() if len(v) > skip}
 
 
 class _Inputs:
@@ -268,13 +307,12 @@ class _Inputs:
 def _arm_runs(cfg: PretrainedConfig, stages: Stages, shared: Callable[[], _Arms], name: str) -> list[dict]:
     """Every data order of one arm, each trained with the first token dropped and kept."""
     runs = []
-    lr = getattr(cfg, ARM_SPECS[name].lr_field)
+    lrs = {f: getattr(cfg, f) for _, f in ARM_SPECS[name].trains}
     for seed in range(cfg.seeds):
-        run = {mode: stages.get(f"arm/{name}/{seed}/{mode}", "arms", lambda m=mode: shared().run(name, seed, m), lr=lr)
-               for mode in (DROPPED, KEPT)}
+        run = stages.get(f"arm/{name}/{seed}", "arms", lambda: shared().run(name, seed), **lrs)
         runs.append(run)
         _say(cfg, f"{name} order {seed}: held-out loss {run[DROPPED]['loss']:.3f} dropped, {run[KEPT]['loss']:.3f} "
-                  "kept")
+                  f"kept, {run['steps']} steps{'' if run['converged'] else ' (the most allowed)'}")
     return runs
 
 
@@ -367,14 +405,18 @@ def _continue_training(cfg: PretrainedConfig, base: GatedLM, variant: str | None
 
 
 def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dict[str, Any]) -> None:
-    """The arms, the per-head figures and the streaming curve, into ``results``."""
+    """The arms, the per-head figures and the streaming curves, into ``results``."""
     window = results["window"]
     start = start_layer(results["sink"]["f_attn_per_layer"], cfg.sink_layers_eps)
     results["start_layer"] = start
+    logits = stages.get("first_logits", "noop_plain", lambda: [
+        t.tolist() for t in first_token_logits(inp.model, inp.evals[:HEAD_WINDOWS, :-1], window)])
+    results["first_logits"] = logits
 
     @functools.cache
     def shared() -> _Arms:
-        return _Arms(cfg, inp.model, inp.windows("train", cfg.steps * cfg.batch, 2), inp.evals, start, window)
+        return _Arms(cfg, inp.model, inp.windows("train", cfg.steps * cfg.batch, 2), inp.evals, start, window, logits,
+                     inp.text.long_window(cfg.streaming_len))
 
     untouched = stages.get("untouched", "noop_plain", lambda: gap(*(shared().eval_loss(inp.model, m)
                                                                     for m in (KEPT, DROPPED))), start=start)
@@ -385,11 +427,13 @@ def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dic
     for name in cfg.arms:
         runs = _arm_runs(cfg, stages, shared, name)
         results["arms"][name] = {"what": ARM_SPECS[name].what, "params": runs[0][DROPPED]["params"], "runs": runs,
-                                 **_arm_summary(name, runs, untouched, heads["first"], start)}
-    sink_logits = results["arms"]["sink"]["runs"][0][DROPPED]["sink_logits"] if "sink" in results["arms"] else None
-    results["streaming"] = stages.get("streaming", "streaming",
-                                      lambda: _streaming(cfg, inp.model, inp.text, window, sink_logits),
-                                      sink=sink_logits is not None)
+                                 **_arm_summary(name, runs, untouched, heads["first"], start, cfg.kept_tol)}
+    streaming = stages.get("streaming", "streaming",
+                           lambda: _streaming(cfg, inp.model, inp.text.long_window(cfg.streaming_len), window))
+    streaming = {**streaming, "curves": {**streaming["curves"], **{
+        name: a["runs"][0]["streaming"] for name, a in results["arms"].items() if "streaming" in a["runs"][0]}}}
+    streaming["late_mean"] = streaming_late(streaming)
+    results["streaming"] = streaming
 
 
 def run_pretrained(cfg: PretrainedConfig, command: str | None = None) -> Path:
