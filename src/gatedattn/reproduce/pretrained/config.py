@@ -37,7 +37,7 @@ class PretrainedConfig:
                                    help="what is trained in place of the first token: " + ", ".join(ARMS) +
                                         " (--set arms=" + ",".join(EXTENDED_ARMS) + ": the extended setting)")
     seeds: int = option(3, gt=0, help="data orders of every arm")
-    steps: int = option(32, gt=0, help="the most optimizer steps of every arm (the stopping rule ends it earlier)")
+    steps: int = option(24, gt=0, help="the most optimizer steps of every arm (the stopping rule ends it earlier)")
     batch: int = option(4, gt=0, help="windows per step")
     stop_window: int = option(4, gt=0, help="the stopping rule: an arm stops at the first step where the mean paired "
                                             "training loss (dropped minus kept, same batch) of its last stop_window "
