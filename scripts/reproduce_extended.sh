@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The extended reproduction (docs/reproduction-extended): every variant the claims table
 # names, the learning-rate stability study in a regime where the baseline can become
-# unstable, and HyGA's low-rank width sweep, folded into one report. Sets up .venv if
+# unstable, and HyGA's low-rank width sweep, folded into one report; then the real-model
+# study with every arm (its own report in $OUT/pretrained). Sets up .venv if
 # needed. OUT (default runs/reproduction-extended) holds one directory per part; a second
 # call reuses finished runs. STEPS fixes the training steps of the variant and rank runs
 # (default: what the default `gatedattn reproduce` fitted on the machine that made the
@@ -18,6 +19,10 @@ gatedattn reproduce --study lr --preset tiny --set train.model.n_layers=12 --set
     --seq-len 128 --batch-size 8 --steps 300 --lrs 0.03,0.1,0.2,0.4,0.8 --out "$OUT/lr" "$@"
 # 2. HyGA's low-rank inner width against gate cost, next to the full-rank G1 gate
 gatedattn reproduce --study rank --ranks 8,16,32,64 --seeds 1 --steps "$STEPS" --out "$OUT/rank" "$@"
-# 3. every variant, with the two studies above folded into its claims table
-gatedattn reproduce --variants baseline,gated,gated-headwise,hyga-lowrank,hyga-sink,sink --seeds "$SEEDS" \
-    --steps "$STEPS" --no-mechanism --fold "$OUT/lr" --fold "$OUT/rank" --out "$OUT/main" "$@"
+# 3. every variant, with the two studies above folded into its claims table (natural text: --with-text)
+gatedattn reproduce --with-text --variants baseline,gated,gated-headwise,hyga-lowrank,hyga-sink,sink --seeds "$SEEDS" \
+    --steps "$STEPS" --no-mechanism --no-pretrained --fold "$OUT/lr" --fold "$OUT/rank" --out "$OUT/main" "$@"
+# 4. the real-model study with every arm: the sink from 0 beside the measured start, the sink with a bias (the first
+#    token's mass and value apart), the elementwise gate beside the headwise one
+gatedattn reproduce --study pretrained --set arms=sink,sink-zero,sink-bias,gate-headwise,gate,control \
+    --out "$OUT/pretrained" "$@"

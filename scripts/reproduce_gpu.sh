@@ -23,4 +23,4 @@ else
     SIZE=(--preset base --seq-len 512 --batch-size 64 --budget-minutes "${MINUTES:-8}" --set compile=on)
     OUT=${OUT:-docs/reproduction-gpu}
 fi
-exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --variants baseline,gated --no-mechanism --no-pretrained --set "train.device=$DEVICE" --out "$OUT" "$@"
+exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --with-text --variants baseline,gated --no-mechanism --no-pretrained --set "train.device=$DEVICE" --out "$OUT" "$@"

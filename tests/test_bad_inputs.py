@@ -522,9 +522,12 @@ def hf_cases(f):
 
 def reproduce_cases(f):
     d, out = str(f["data"]), str(f["root"] / "new_repro")
-    base = ["reproduce", "--data", d, "--out", out, "--steps", "2", "--preset", "micro"]
+    base = ["reproduce", "--with-text", "--data", d, "--out", out, "--steps", "2", "--preset", "micro"]
     return [
-        ("reproduce out under a file", ["reproduce", "--data", d, "--out", str(f["file"] / "r"), "--steps", "2"]),
+        ("reproduce a natural-text flag without --with-text", ["reproduce", "--data", d, "--out", out]),
+        ("reproduce --fold without --with-text", ["reproduce", "--fold", d, "--out", out]),
+        ("reproduce out under a file", ["reproduce", "--with-text", "--data", d, "--out", str(f["file"] / "r"),
+                                        "--steps", "2"]),
         ("reproduce --set out_dir", [*base, "--set", "out_dir=elsewhere"]),
         ("reproduce --set data_dir", [*base, "--set", "train.data_dir=elsewhere"]),
         ("reproduce --set variant", [*base, "--set", "variant=gated"]),
@@ -534,11 +537,12 @@ def reproduce_cases(f):
         ("reproduce seeds 0", [*base, "--seeds", "0"]),
         ("reproduce steps 0", [*base, "--steps", "0"]),
         ("reproduce bad variants", [*base, "--variants", "gated,nope"]),
-        ("reproduce missing data", ["reproduce", "--data", str(f["root"] / "nope"), "--out", out, "--steps", "2"]),
+        ("reproduce missing data", ["reproduce", "--with-text", "--data", str(f["root"] / "nope"), "--out", out,
+                                    "--steps", "2"]),
         ("reproduce bad multiples", [*base, "--multiples", "x"]),
         ("reproduce bad study", [*base, "--study", "everything"]),
         ("reproduce bad set value", [*base, "--set", "train.lr=-1"]),
-        ("reproduce out holds the user's report", ["reproduce", "--quick", "--data", d, "--out",
+        ("reproduce out holds the user's report", ["reproduce", "--quick", "--with-text", "--data", d, "--out",
                                                    str(f["foreign_study"])]),
     ]
 

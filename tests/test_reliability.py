@@ -490,7 +490,7 @@ def test_a_second_reproduce_on_one_out_is_refused_before_any_work(data_dir, tmp_
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert main(["reproduce", "--quick", "--no-mechanism", "--data", str(data_dir), "--out", str(out),
+        assert main(["reproduce", "--quick", "--with-text", "--no-mechanism", "--data", str(data_dir), "--out", str(out),
                      "--steps", "1", "-q"]) == 2
         err = capsys.readouterr().err
         assert f"reproduce --out {out} is in use by another gatedattn process (PID {holder.pid})" in err

@@ -427,7 +427,7 @@ def test_cli_analyze_json(cli, capsys, model_dir, data_dir, tmp_path):
     written.pop("plots")
     assert written == r
     data = TokenData(data_dir)
-    assert r["first_token"] == {"mode": "bos", "id": data.bos_id}
+    assert r["first_token"] == {"mode": "bos", "id": data.bos_id, "why": "auto: a gatedattn model: `data prepare` starts every training sequence with BOS"}
     assert r["windows"] == {"count": 4, "length": 16, "source": "data", "data": str(data_dir),
                             "documents": data.manifest.val.documents, "seed": 0}
     # the same windows (one validation document each) through the Python API give the same numbers

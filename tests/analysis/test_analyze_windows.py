@@ -199,7 +199,7 @@ def test_first_token_bos_none_and_id():
     ("bos", {}, "the model has no bos_token_id .* choose --first-token none .* or a token id"),
     ("50", {}, r"--first-token 50: outside the model's vocabulary \[0, 50\)"),
     ("-1", {}, "a token id is an integer >= 0"),
-    ("first", {}, "choose bos, none or a token id"),
+    ("first", {}, "choose auto, bos, none or a token id"),
 ])
 def test_first_token_refusals_are_one_line(spec, kwargs, match):
     with pytest.raises(GatedAttnError, match=match) as e:
@@ -284,7 +284,7 @@ def test_cli_text_with_the_models_tokenizer(cli, capsys, tmp_path, data, texts):
     model_dir = save_model(tmp_path / "m", data)
     argv = ["analyze", "--model", str(model_dir), "--text", *map(str, texts), "--batches", "2", "--batch-size", "3"]
     r = run_json(cli, capsys, argv)
-    assert r["first_token"] == {"mode": "bos", "id": data.bos_id}
+    assert r["first_token"] == {"mode": "bos", "id": data.bos_id, "why": "auto: a gatedattn model: `data prepare` starts every training sequence with BOS"}
     assert r["windows"] == {"count": 6, "length": 16, "source": "text", "text": [str(p) for p in texts],
                             "documents": 5, "seed": 0}
     assert r["data"] is None and r["n_tokens"] == 6 * 16
@@ -307,7 +307,7 @@ def test_cli_data_windows_are_val_documents(cli, capsys, tmp_path, data, data_di
     model_dir = save_model(tmp_path / "m", data, tokenizer=False)
     r = run_json(cli, capsys, ["analyze", "--model", str(model_dir), "--data", str(data_dir), "--batches", "2",
                                "--batch-size", "2", "--seq-len", "12", "--seed", "1"])
-    assert r["first_token"] == {"mode": "bos", "id": data.bos_id} and r["seq_len"] == 12
+    assert r["first_token"] == {"mode": "bos", "id": data.bos_id, "why": "auto: a gatedattn model: `data prepare` starts every training sequence with BOS"} and r["seq_len"] == 12
     assert r["windows"]["source"] == "data" and r["windows"]["documents"] == data.manifest.val.documents
     w = document_windows(val_documents(data), 12, 4, data.bos_id, seed=1)
     direct = analyze(GatedLM.from_pretrained(model_dir), w.split(2))
@@ -330,10 +330,11 @@ def test_cli_refusals_are_one_line(cli, capsys, tmp_path, data, data_dir, texts)
     no_tok = save_model(tmp_path / "no_tok", data, tokenizer=False)
     text = ["--text", *map(str, texts)]
     base = ["analyze", "--model", str(model_dir)]
-    assert "choose bos, none or a token id" in one_line_error(cli, capsys, [*base, *text, "--first-token", "x"])
+    assert "choose auto, bos, none or a token id" in one_line_error(cli, capsys, [*base, *text, "--first-token", "x"])
     assert "outside the model's vocabulary" in one_line_error(cli, capsys,
                                                               [*base, *text, "--first-token", "100000"])
-    assert "no bos_token_id" in one_line_error(cli, capsys, ["analyze", "--model", str(no_bos), *text])
+    assert "no bos_token_id" in one_line_error(cli, capsys, ["analyze", "--model", str(no_bos), *text, "--first-token",
+                                                            "bos"])
     assert "has no tokenizer" in one_line_error(cli, capsys, ["analyze", "--model", str(no_tok), *text])
     assert "not enough text for 400 windows" in one_line_error(cli, capsys, [*base, *text, "--batches", "100"])
     assert "not allowed with argument" in one_line_error(cli, capsys, [*base, *text, "--data", str(data_dir)])

@@ -71,11 +71,13 @@ REPRODUCE_VALUES = {
     "pretrained.control_lr": ("0.01", 0.01), "pretrained.sink_layers_eps": ("0.4", 0.4),
     "pretrained.streaming_len": ("200", 200), "pretrained.truncate_layers": ("2", 2), "pretrained.threads": ("1", 1),
     "pretrained.continued_steps": ("3", 3), "pretrained.continued_lr": ("1e-5", 1e-5),
+    "pretrained.dtype": ("bf16", "bf16"), "pretrained.stop_window": ("1", 1), "pretrained.stop_tol": ("0.01", 0.01),
+    "pretrained.kept_tol": ("0.05", 0.05), "natural_text": ("true", True),
 }
 # a key that is only valid together with another setting
 NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"],
          "model.attention.sink_init": ["model.attention.sink=true"]}
-REPRODUCE_NEEDS = {"budget_minutes": ["steps=none"], "steps": ["budget_minutes=5"]}
+REPRODUCE_NEEDS = {"budget_minutes": ["steps=none"], "steps": ["budget_minutes=5"], "fold": ["natural_text=true"]}
 REPRODUCE_TRAIN_NEEDS = {"model.position_embedding": ["multiples=1"]}  # learned positions cannot extrapolate
 
 

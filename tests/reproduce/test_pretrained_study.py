@@ -167,6 +167,50 @@ def test_both_modes_train_on_the_same_batches_until_the_rule_stops_them(micro):
     assert not capped["converged"] and capped["steps"] == 3  # a rule that never fires: the cap ends it
 
 
+def test_arm_steps_under_bf16_autocast_stay_near_fp32(micro):
+    from functools import partial
+
+    from gatedattn.infra.precision import resolve_dtype
+
+    rows = _rows(n=4)
+    hidden = {m: prefix(micro, rows[:, :-1], 1, 4, m) for m in (DROPPED, KEPT)}
+    curves = {}
+    for dtype in ("fp32", "bf16"):
+        built = {m: build_arm(micro, ARM_SPECS["control"], 1, None, {"control_lr": 0.05}) for m in (DROPPED, KEPT)}
+        curves[dtype] = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()}, hidden,
+                                   rows[:, 1:], torch.arange(4), steps=2, batch=2, start=1, window=4, stop_window=1,
+                                   stop_tol=-1.0, autocast=partial(resolve_dtype(dtype).autocast, "cpu"))["curves"]
+        assert all(p.dtype == torch.float32 for p in built[DROPPED][0].parameters())  # the weights stay fp32
+    for mode in (DROPPED, KEPT):
+        assert curves["bf16"][mode] != curves["fp32"][mode]  # the steps did run in bf16
+        assert curves["bf16"][mode] == pytest.approx(curves["fp32"][mode], abs=0.05)
+
+
+def test_the_report_shows_every_recovery_side_by_side_and_the_shares_of_the_first_tokens_jobs():
+    from gatedattn.reproduce.pretrained.report import _arm_lines, _shares, _streaming_lines
+
+    r = _results()
+    r["config"] = {**r["config"], "sink_layers_eps": 0.2, "batch": 4, "seq_len": 256, "seeds": 2, "steps": 24,
+                   "stop_window": 4, "stop_tol": 0.005, "kept_tol": 0.02, "sink_lr": 1.0, "gate_lr": 0.01,
+                   "control_lr": 0.03}
+    r["model"] = {"layers": 30}
+    r["untouched"] = {"kept": 3.3, "dropped": 4.3, "windows": 32}
+    r["arm_precision"] = {"dtype": "fp32", "reason": "no native bf16"}
+    for name, a in r["arms"].items():
+        a.update(what=name, unpaired=a["recovered"], kept_change={"mean": 0.01, "std": 0.0, "values": [0.01, 0.01]},
+                 credited={"mean": 0.5, "std": 0.0, "values": [0.5, 0.5]}, steps=[8, 24], converged=[True, False])
+    lines = "\n".join(_arm_lines(r))
+    assert "| paired | unpaired | kept loss change | **credited** | steps |" in lines
+    assert "8, 24*" in lines and "steps in fp32 (no native bf16)" in lines and "rose by more than 0.02 nats" in lines
+    assert _shares(r) is None  # no sink-bias arm
+    r["arms"]["sink-bias"] = {**r["arms"]["sink"], "credited": {"mean": 0.9, "std": 0.0, "values": [0.9]}}
+    r["arms"]["control"]["credited"] = {"mean": 0.4, "std": 0.0, "values": [0.4]}
+    assert "(the sink alone) 0.50; the drained value vector it adds (the bias alone, the control) 0.40; both " \
+           "together (the sink with a bias) 0.90" in _shares(r)
+    stream = "\n".join(_streaming_lines(r))
+    assert "| dropped, `sink` trained (order 0) | 3.015 | 1.015 |" in stream
+
+
 def test_recovered_takes_the_arms_adaptation_to_the_text_out():
     untouched = {"kept": 3.0, "dropped": 4.0}
     # an arm that lowers both modes by the same 0.5 (adaptation) recovers nothing
@@ -341,6 +385,7 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
     assert {"continued/before", "continued/baseline/0", "continued/gated/0"} <= set(stages)  # one stage per run
     report = (out / "report.md").read_text()
     assert "continued pretraining (App. A.7)" in report
+    assert "**credited**" in report and "perplexity ratio" in report and "## Streaming" in report
     for png in ("lm_sink_profile.png", "lm_first_token_map.png", "lm_noop_curve.png", "lm_arm_training.png",
                 "lm_heads.png", "lm_streaming.png"):
         assert (out / png).is_file() and png in report

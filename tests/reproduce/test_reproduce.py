@@ -88,6 +88,14 @@ def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp
     assert (out / "report.md").read_text() == report  # byte for byte from results.json
 
 
+def test_a_natural_text_flag_without_with_text_is_refused_in_one_line(capsys, tmp_path):
+    assert main(["reproduce", "--steps", "5", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--steps applies to the natural-text part, which this study runs only with --with-text; add "
+                        "--with-text (or use --study text)") and "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_fold_without_natural_text_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="^ReproduceConfig.fold joins studies to the natural-text claims: give "
                                           "--with-text"):

@@ -123,7 +123,8 @@ def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
     assert "share of G1's" in (tmp_path / "rank" / "report.md").read_text()
 
     report = reproduce(ReproduceConfig.quick(variants=("baseline", "gated"), multiples=(1,), fold=(str(tmp_path / "rank"),),
-                                             out_dir=str(tmp_path / "main"), mechanism=None, pretrained=None,
+                                             natural_text=True, out_dir=str(tmp_path / "main"), mechanism=None,
+                                             pretrained=None,
                                              **base)).read_text()
     results = json.loads((tmp_path / "main" / "results.json").read_text())
     assert results["rank_sweep"] == sweep and results["folded"][0]["studies"] == ["rank_sweep"]
@@ -137,10 +138,10 @@ def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
 
 def test_fold_needs_a_study_directory(tmp_path):
     with pytest.raises(ConfigError, match="has no results.json"):
-        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), out_dir=str(tmp_path / "out")))
+        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), natural_text=True, out_dir=str(tmp_path / "out")))
     (tmp_path / "results.json").write_text(json.dumps({"variants": {}}))
     with pytest.raises(ConfigError, match="holds no lr_study or rank_sweep"):
-        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), out_dir=str(tmp_path / "out")))
+        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), natural_text=True, out_dir=str(tmp_path / "out")))
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 

@@ -115,12 +115,14 @@ def tokenizer_convention(model_path: str | os.PathLike | None, tokenizer: Any) -
     1. a GGUF file's ``tokenizer.ggml.add_bos_token`` (llama.cpp's flag, with
        ``tokenizer.ggml.bos_token_id``);
     2. a directory's ``tokenizer_config.json`` ``add_bos_token`` (with its ``bos_token``);
-    3. the tokenizer itself: a probe text encoded with and without special tokens; the
+    3. a model in gatedattn's own format: its BOS (``data prepare`` starts every sequence
+       with it);
+    4. the tokenizer itself: a probe text encoded with and without special tokens; the
        ids its template puts in front (a ``TemplateProcessing`` BOS), or none.
     """
     gguf = hf_load._gguf(model_path) if model_path is not None and Path(model_path).exists() else None
     if gguf is not None:
-        from gatedattn.hf.gguf import read_header  # lazy: hf.gguf imports hf.load
+        from gatedattn.hf.gguf import read_header  # lazy: import circle (hf.gguf imports hf.load)
 
         meta = read_header(gguf).metadata
         flag = meta.get("tokenizer.ggml.add_bos_token")
@@ -142,7 +144,24 @@ def tokenizer_convention(model_path: str | os.PathLike | None, tokenizer: Any) -
             bos = tokenizer_bos(model_path, tokenizer)
             if bos is not None:
                 return Convention(bos, f"{TOKENIZER_CONFIG_FILE} sets add_bos_token true")
+    own = _gatedattn_bos(model_path)
+    if own is not None:
+        return Convention(own, "a gatedattn model: `data prepare` starts every training sequence with BOS")
     return _probe_convention(tokenizer)
+
+
+def _gatedattn_bos(model_path: str | os.PathLike | None) -> int | None:
+    """The BOS id of a model directory in gatedattn's own format (trained on data that
+    starts every sequence with it), else None."""
+    path = Path(model_path) / "config.json" if model_path is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    bos = config.get("bos_token_id") if isinstance(config, dict) and config.get("model_type") == "gatedattn" else None
+    return bos if isinstance(bos, int) and not isinstance(bos, bool) else None
 
 
 _PROBE = "The first words of a text."

@@ -69,7 +69,18 @@ def study_config(study: Study, args: argparse.Namespace) -> Any:
         refused[spec.key] = flag
     cfg = study.config.quick() if args.quick else study.config()
     cfg = with_values(cfg, values)
-    return apply_sets(cfg, args.set or [], refused) if study.takes_sets else cfg
+    cfg = apply_sets(cfg, args.set or [], refused) if study.takes_sets else cfg
+    _check_needs(study, args, cfg)
+    return cfg
+
+
+def _check_needs(study: Study, args: argparse.Namespace, cfg: Any) -> None:
+    """A given flag of a part that is not switched on is refused in one line, naming the
+    flag that switches it on."""
+    for flag, spec in study.flags.items():
+        if spec.needs and _is_given(getattr(args, _dest(flag), None)) and not getattr(cfg, spec.needs[0]):
+            raise ConfigError(f"{flag} applies to the natural-text part, which this study runs only with "
+                              f"{spec.needs[1]}; add {spec.needs[1]} (or use --study text)")
 
 
 def _run(args: argparse.Namespace) -> int:

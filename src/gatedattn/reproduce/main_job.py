@@ -9,6 +9,7 @@ runs as ``--study text``, or here with ``--with-text``."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from gatedattn.infra.settings import option
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.mechanism import MechanismConfig
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
-from gatedattn.reproduce.registry import Flag, Section
+from gatedattn.reproduce.registry import ALWAYS, Flag, Section
 from gatedattn.reproduce.report import write_report
 from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
 from gatedattn.reproduce.text.run import start_study, study_meta, text_part
@@ -65,6 +66,9 @@ class ReproduceConfig(TextConfig):
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"ReproduceConfig.{name} must be a {kind.__name__} or None, "
                                   f"got {type(value).__name__}")
+        if self.mechanism is None and self.pretrained is None and not self.natural_text:
+            raise ConfigError("ReproduceConfig leaves every part out (mechanism and pretrained None, natural_text "
+                              "false): drop --no-mechanism or --no-pretrained, or add --with-text")
         if self.fold and not self.natural_text:
             raise ConfigError("ReproduceConfig.fold joins studies to the natural-text claims: give --with-text "
                               "(natural_text=true) with --fold")
@@ -164,8 +168,10 @@ def fold_in(results: dict[str, Any], folds: list[tuple[str, dict[str, Any]]], ke
              "machine": (other.get("meta") or {}).get("machine")})
 
 
+# the natural-text study's flags apply to the main job only with --with-text
 FLAGS: dict[str, Flag] = {
-    **RUN_APART_FLAGS,
+    **{name: flag if name in ALWAYS else dataclasses.replace(flag, needs=("natural_text", "--with-text"))
+       for name, flag in RUN_APART_FLAGS.items()},
     "--fold": Flag("fold", "join the lr or rank study written in DIR (its --out) to this report's claims "
                            "(repeatable)", repeat=True, metavar="DIR"),
     "--no-mechanism": Flag("mechanism", "the main job without its mechanism part (the Bigram-Backcopy study)",

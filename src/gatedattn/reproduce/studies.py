@@ -68,7 +68,7 @@ def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study(main_job.NAME, "the main job: the mechanism study and the real-model study (natural text with --with-text)",
-          ReproduceConfig, main_job.FLAGS, _run_main, report=_text_report, parts=("mechanism", PRETRAINED, "text")),
+          ReproduceConfig, main_job.FLAGS, _run_main, report=_text_report, parts=("mechanism", PRETRAINED)),
     Study(PRETRAINED, "a real pretrained LM, frozen: its attention sink and massive activations, whether the sink "
                       "is needed, and whether a learnable sink or an output gate can take its job (default: the "
                       "bundled SmolLM2-135M-Instruct)", pretrained_config.PretrainedConfig, pretrained_config.FLAGS,

@@ -113,9 +113,9 @@ def _adam(groups: list[dict]) -> torch.optim.Adam:
 
 
 def _step(model: GatedLM, opt: torch.optim.Optimizer, frozen: FrozenCasts, hidden: Tensor, targets: Tensor,
-          start: int, window: int, first: str) -> float:
-    """One Adam step of an arm on one batch; its training loss."""
-    with frozen.applied():
+          start: int, window: int, first: str, autocast=contextlib.nullcontext) -> float:
+    """One Adam step of an arm on one batch (under ``autocast()``); its training loss."""
+    with autocast(), frozen.applied():
         loss = tail_losses(model, hidden, targets, start, window, first).mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -129,14 +129,14 @@ def _rows(order: Tensor, step: int, batch: int) -> Tensor:
 
 def train_pair(models: dict[str, GatedLM], groups: dict[str, list[dict]], hidden: dict[str, Tensor],
                targets: Tensor, order: Tensor, *, steps: int, batch: int, start: int, window: int,
-               stop_window: int, stop_tol: float) -> dict[str, Any]:
+               stop_window: int, stop_tol: float, autocast=contextlib.nullcontext) -> dict[str, Any]:
     """Adam over each mode's copy of the arm (``models``: mode -> model, ``groups`` its
     parameter groups) on the same ``batch`` pool windows a step, taken in ``order``
     (cycling), ``hidden`` each mode's residual stream entering block ``start``; stops by
     :func:`stop_step` on the paired loss (dropped minus kept), at ``steps`` at the most.
     Returns each mode's training curve, the paired curve, the steps run and whether the
-    rule stopped it (``converged``). Under autocast the frozen weights are cast once
-    (``FrozenCasts``)."""
+    rule stopped it (``converged``). Each step runs under ``autocast()`` (bf16 where the
+    study asks), the frozen weights then cast once for every step (``FrozenCasts``)."""
     opts = {m: _adam(groups[m]) for m in models}
     frozen = {m: FrozenCasts(model) for m, model in models.items()}
     curves: dict[str, list[float]] = {m: [] for m in models}
@@ -146,7 +146,7 @@ def train_pair(models: dict[str, GatedLM], groups: dict[str, list[dict]], hidden
         rows = _rows(order, step, batch)
         for mode, model in models.items():
             curves[mode].append(_step(model, opts[mode], frozen[mode], hidden[mode][rows], targets[rows], start,
-                                      window, mode))
+                                      window, mode, autocast))
         paired.append(curves[DROPPED][-1] - curves[KEPT][-1])
         stopped = stop_step(paired, stop_window, stop_tol)
         if stopped is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from gatedattn.infra.io import atomic_write_text
 from gatedattn.reproduce.verdicts import uniform_first_token_attention
 from gatedattn.reproduce.pretrained import claims as C
+from gatedattn.reproduce.pretrained.arms import ARM_SPECS
 from gatedattn.reproduce.pretrained.plots import make_plots
 
 CAPTIONS = {
@@ -93,6 +94,10 @@ def _arm_lines(r: dict) -> list[str]:
             f"{cfg['stop_window']} steps not below the mean of the {cfg['stop_window']} before by "
             f"{cfg['stop_tol']:g} nats, {cfg['steps']} steps at the most" if "stop_window" in cfg else
             f"for {cfg['steps']} steps")
+    precision = r.get("arm_precision")
+    if precision:
+        stop += (f"; steps in {'bf16 autocast' if precision['dtype'] == 'bf16' else 'fp32'} ({precision['reason']}), "
+                 "every loss evaluated in fp32")
     lines = [f"Frozen model, window W = {r['window']}; each arm trains only its own parameters in layers "
              f"{r['start_layer']}–{r['model']['layers'] - 1} (from the first layer whose F-Attn exceeds "
              f"{cfg['sink_layers_eps']:g}; below, the model runs untouched) with Adam, {cfg['batch']} × "
@@ -122,8 +127,6 @@ def _arm_lines(r: dict) -> list[str]:
 
 
 def _lr_fields(name: str) -> list[str]:
-    from gatedattn.reproduce.pretrained.arms import ARM_SPECS
-
     return [f for _, f in ARM_SPECS[name].trains] if name in ARM_SPECS else []
 
 

@@ -22,6 +22,7 @@ from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tok
 from gatedattn.hf import add_gates, bundled_model_path, load_model
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
+from gatedattn.infra.precision import Precision, resolve_dtype
 from gatedattn.models.lm import GatedLM
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.pretrained import claims
@@ -182,6 +183,7 @@ class _Arms:
         self.pool_targets, self.eval_targets = pool[:, 1:], evals[:, 1:]
         self.eval_inputs = evals[:, :-1]
         self.sink_logits = [torch.tensor(layer) for layer in sink_logits]
+        self.precision = arm_precision(cfg.dtype)
         self.stream_row = stream_row
         self.pool_hidden = {m: prefix(model, pool[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
         self.eval_hidden = {m: prefix(model, evals[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
@@ -203,7 +205,7 @@ class _Arms:
         trained = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()},
                              self.pool_hidden, self.pool_targets, order, steps=cfg.steps, batch=cfg.batch,
                              start=self.start, window=self.window, stop_window=cfg.stop_window,
-                             stop_tol=cfg.stop_tol)
+                             stop_tol=cfg.stop_tol, autocast=functools.partial(self.precision.autocast, "cpu"))
         out: dict[str, Any] = {"steps": trained["steps"], "converged": trained["converged"],
                                "paired_curve": trained["paired"]}
         for mode, (model, groups) in built.items():
@@ -234,20 +236,27 @@ def _arm_summary(name: str, runs: list[dict], untouched: dict, base_first: list[
                            "credited": _mean_std([credited(r, untouched, kept_tol) for r in runs]),
                            "kept_change": _mean_std([r[KEPT]["loss"] - untouched["kept"] for r in runs]),
                            "steps": [r["steps"] for r in runs], "converged": [r["converged"] for r in runs]}
-    alpha = [a for layer in base_first[start:] for a in layer]
     spec = ARM_SPECS[name]
     for key in ("sink",) if spec.sink_init else ("gate",) if spec.variant else ():
-        rs = []
-        for r in runs:
-            per_layer = r[DROPPED]["heads"][key][start:]
-            if any(v is None for v in per_layer):
-                continue
-            rs.append(pearson(alpha, [v for layer in per_layer for v in layer]))
-        if rs:
-            out[f"{key}_r"] = _mean_std(rs)
-            out[f"{key}_mean"] = statistics.fmean(
-                v for r in runs for layer in r[DROPPED]["heads"][key][start:] for v in layer)
+        out.update(_on_heads(key, runs, base_first, start))
     return out
+
+
+def _on_heads(key: str, runs: list[dict], base_first: list[list[float]], start: int) -> dict[str, Any]:
+    """Per data order, Pearson's r over (layer >= start, head) of the untouched model's
+    first-token attention and the arm's ``key`` figure (sink probability or gate score),
+    and that figure's mean; empty where a layer has none."""
+    alpha = [a for layer in base_first[start:] for a in layer]
+    rs = []
+    for r in runs:
+        per_layer = r[DROPPED]["heads"][key][start:]
+        if any(v is None for v in per_layer):
+            continue
+        rs.append(pearson(alpha, [v for layer in per_layer for v in layer]))
+    if not rs:
+        return {}
+    return {f"{key}_r": _mean_std(rs),
+            f"{key}_mean": statistics.fmean(v for r in runs for layer in r[DROPPED]["heads"][key][start:] for v in layer)}
 
 
 def _streaming(cfg: PretrainedConfig, model: GatedLM, row: torch.Tensor, window: int) -> dict:
@@ -304,12 +313,20 @@ class _Inputs:
         return self.windows("val", self.cfg.eval_windows, seed=1)
 
 
+@functools.cache
+def arm_precision(dtype: str) -> Precision:
+    """The precision the arms' steps run in, and why (``dtype`` resolved once a process);
+    the evaluations run outside it, in fp32."""
+    return resolve_dtype(dtype, "cpu")
+
+
 def _arm_runs(cfg: PretrainedConfig, stages: Stages, shared: Callable[[], _Arms], name: str) -> list[dict]:
     """Every data order of one arm, each trained with the first token dropped and kept."""
     runs = []
     lrs = {f: getattr(cfg, f) for _, f in ARM_SPECS[name].trains}
+    precision = arm_precision(cfg.dtype).dtype
     for seed in range(cfg.seeds):
-        run = stages.get(f"arm/{name}/{seed}", "arms", lambda: shared().run(name, seed), **lrs)
+        run = stages.get(f"arm/{name}/{seed}", "arms", lambda: shared().run(name, seed), **lrs, precision=precision)
         runs.append(run)
         _say(cfg, f"{name} order {seed}: held-out loss {run[DROPPED]['loss']:.3f} dropped, {run[KEPT]['loss']:.3f} "
                   f"kept, {run['steps']} steps{'' if run['converged'] else ' (the most allowed)'}")
@@ -336,9 +353,10 @@ def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
     window, why = (cfg.window, "as configured") if cfg.window else choose_window(curve, cfg.min_gap)
     results: dict[str, Any] = {"config": cfg.to_dict(), "model": info, "text": source,
                                "sink": sink, "noop": curve, "window": window, "window_why": why}
-    results["noop_plain"] = stages.get("noop_plain", "noop_plain", lambda: [
-        noop_point(inp.model, inp.windows("val", cfg.eval_windows, 1, plain=True), w)
-        for w in (0, *([window] if window else []))])
+    if info["first_token"]["mode"] != "none":  # the same with no special first token (else: the curve above)
+        results["noop_plain"] = stages.get("noop_plain", "noop_plain", lambda: [
+            noop_point(inp.model, inp.windows("val", cfg.eval_windows, 1, plain=True), w)
+            for w in (0, *([window] if window else []))])
     if window is not None:
         _arms_part(cfg, stages, inp, results)
     if cfg.continued_steps:
@@ -418,12 +436,16 @@ def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dic
         return _Arms(cfg, inp.model, inp.windows("train", cfg.steps * cfg.batch, 2), inp.evals, start, window, logits,
                      inp.text.long_window(cfg.streaming_len))
 
-    untouched = stages.get("untouched", "noop_plain", lambda: gap(*(shared().eval_loss(inp.model, m)
-                                                                    for m in (KEPT, DROPPED))), start=start)
+    # the untouched model on the held-out windows at W: the no-op curve's point, where it has one
+    point = next((p for p in results["noop"] if p["window"] == window), None)
+    untouched = point if point is not None else stages.get(
+        "untouched", "noop_plain", lambda: gap(*(shared().eval_loss(inp.model, m) for m in (KEPT, DROPPED))),
+        start=start)
     heads = stages.get("untouched_heads", "noop_plain", lambda: head_stats(inp.model, inp.evals[:HEAD_WINDOWS, :-1],
                                                                            window, KEPT))
     results["untouched"] = {**untouched, "heads": heads}
     results["arms"] = {}
+    results["arm_precision"] = arm_precision(cfg.dtype).as_dict()
     for name in cfg.arms:
         runs = _arm_runs(cfg, stages, shared, name)
         results["arms"][name] = {"what": ARM_SPECS[name].what, "params": runs[0][DROPPED]["params"], "runs": runs,
