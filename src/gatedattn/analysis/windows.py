@@ -132,12 +132,8 @@ def tokenizer_convention(model_path: str | os.PathLike | None, tokenizer: Any) -
                 return Convention(None, "the GGUF's tokenizer.ggml.add_bos_token is false")
             if bos is not None:
                 return Convention(int(bos), "the GGUF's tokenizer.ggml.add_bos_token is true")
-    elif model_path is not None and (Path(model_path) / TOKENIZER_CONFIG_FILE).is_file():
-        try:
-            flag = json.loads((Path(model_path) / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8")).get(
-                "add_bos_token")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            flag = None
+    elif model_path is not None:
+        flag = _json_object(Path(model_path) / TOKENIZER_CONFIG_FILE).get("add_bos_token")
         if flag is False:
             return Convention(None, f"{TOKENIZER_CONFIG_FILE} sets add_bos_token false")
         if flag is True and tokenizer is not None:
@@ -153,15 +149,20 @@ def tokenizer_convention(model_path: str | os.PathLike | None, tokenizer: Any) -
 def _gatedattn_bos(model_path: str | os.PathLike | None) -> int | None:
     """The BOS id of a model directory in gatedattn's own format (trained on data that
     starts every sequence with it), else None."""
-    path = Path(model_path) / "config.json" if model_path is not None else None
-    if path is None or not path.is_file():
-        return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    bos = config.get("bos_token_id") if isinstance(config, dict) and config.get("model_type") == "gatedattn" else None
+    config = _json_object(Path(model_path) / "config.json") if model_path is not None else {}
+    bos = config.get("bos_token_id") if config.get("model_type") == "gatedattn" else None
     return bos if isinstance(bos, int) and not isinstance(bos, bool) else None
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; empty where there is no such file or it holds none."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 _PROBE = "The first words of a text."
@@ -292,13 +293,7 @@ def model_tokenizer(model_dir: str | os.PathLike):
 def tokenizer_bos(model_dir: str | os.PathLike, tokenizer: Any) -> int | None:
     """The id of the ``bos_token`` that the model's ``tokenizer_config.json`` names (None
     when there is no such file or token)."""
-    path = Path(model_dir) / TOKENIZER_CONFIG_FILE
-    if not path.is_file():
-        return None
-    try:
-        bos = json.loads(path.read_text(encoding="utf-8")).get("bos_token")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return None
+    bos = _json_object(Path(model_dir) / TOKENIZER_CONFIG_FILE).get("bos_token")
     if isinstance(bos, dict):
         bos = bos.get("content")
     return tokenizer.token_to_id(bos) if isinstance(bos, str) else None

@@ -13,6 +13,7 @@ from gatedattn.infra.io import atomic_write_text
 from gatedattn.reproduce.claims import judge_all
 from gatedattn.reproduce.verdicts import MASSIVE_RATIO, REDUCTION, SINK_OVER_UNIFORM
 from gatedattn.reproduce.registry import Section
+from gatedattn.reproduce.study_report import provenance_table
 
 # A part of the main job before its natural-text part: (its results, output directory, its heading) -> lines
 Part = Callable[[dict, Path, str], list[str]]
@@ -279,9 +280,7 @@ def _write_parts_report(results: dict, out: Path, parts: Sequence[tuple[str, Par
              "Small-scale checks of the claims of *Gated Attention for LLMs* (Qiu et al. 2025) and *Hybrid Gated "
              "Attention* (HyGA): the mechanism on a task built to show it, and the attention sink of a real "
              "pretrained language model with what can take its job.", "",
-             "| | |", "|---|---|", f"| command | `{meta['command']}` |", f"| machine | {meta['machine']} |",
-             f"| software | python {meta['python']}, torch {meta['torch']}, gatedattn {meta['gatedattn']} "
-             f"({meta['code_version']}) |", f"| date | {meta['started']} · {meta['duration_min']:.1f} min |", "",
+             *provenance_table(meta),
              *_parts(results, out, parts),
              f"**Natural text:** {TEXT_LEFT_OUT}", "",
              "## Reproduce", "", "```bash", meta["command"], "```", "",

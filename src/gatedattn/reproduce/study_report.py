@@ -11,6 +11,14 @@ from gatedattn.reproduce.registry import Section
 from gatedattn.reproduce.verdicts import Claim
 
 
+def provenance_table(meta: dict) -> list[str]:
+    """A report's provenance as a markdown table: command, machine, software, date and
+    minutes (from ``run_meta``), then a blank line."""
+    return ["| | |", "|---|---|", f"| command | `{meta['command']}` |", f"| machine | {meta['machine']} |",
+            f"| software | python {meta['python']}, torch {meta['torch']}, gatedattn {meta['gatedattn']} "
+            f"({meta['code_version']}) |", f"| date | {meta['started']} · {meta['duration_min']:.1f} min |", ""]
+
+
 def write_study_report(results: dict, out: str | Path, *, title: str, key: str, section: Section,
                        claims: Sequence[Claim]) -> Path:
     """``report.md`` of a study run on its own (the lr and rank studies): its provenance,

@@ -11,6 +11,7 @@ from gatedattn.reproduce.verdicts import uniform_first_token_attention
 from gatedattn.reproduce.pretrained import claims as C
 from gatedattn.reproduce.pretrained.arms import ARM_SPECS
 from gatedattn.reproduce.pretrained.plots import make_plots
+from gatedattn.reproduce.study_report import provenance_table
 
 CAPTIONS = {
     "sink_profile": "Per layer: attention on the first position (dotted: uniform), the value drain ‖v₀‖ / mean ‖vᵢ‖ "
@@ -209,10 +210,7 @@ def write_pretrained_report(results: dict, out: str | Path) -> Path:
     """``report.md`` of the study run alone."""
     out = Path(out)
     part, meta = results["pretrained"], results["meta"]
-    lines = ["# gatedattn: attention sinks in a real pretrained language model", "",
-             "| | |", "|---|---|", f"| command | `{meta['command']}` |", f"| machine | {meta['machine']} |",
-             f"| software | python {meta['python']}, torch {meta['torch']}, gatedattn {meta['gatedattn']} "
-             f"({meta['code_version']}) |", f"| date | {meta['started']} · {meta['duration_min']:.1f} min |", ""]
+    lines = ["# gatedattn: attention sinks in a real pretrained language model", "", *provenance_table(meta)]
     lines += pretrained_section(part, out, title="Results")
     lines += ["## Reproduce", "", "```bash", meta["command"], "```", "",
               "Every figure above comes from `results.json` beside this report.", ""]
