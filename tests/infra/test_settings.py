@@ -71,7 +71,8 @@ REPRODUCE_VALUES = {
     "pretrained.control_lr": ("0.01", 0.01), "pretrained.sink_layers_eps": ("0.4", 0.4),
     "pretrained.streaming_len": ("200", 200), "pretrained.truncate_layers": ("2", 2), "pretrained.threads": ("1", 1),
     "pretrained.continued_steps": ("3", 3), "pretrained.continued_lr": ("1e-5", 1e-5),
-    "pretrained.dtype": ("bf16", "bf16"), "pretrained.stop_window": ("1", 1), "pretrained.stop_tol": ("0.01", 0.01),
+    "pretrained.dtype": ("bf16", "bf16"), "pretrained.stop_every": ("1", 1),
+    "pretrained.stop_patience": ("2", 2), "pretrained.dev_windows": ("2", 2), "pretrained.stop_tol": ("0.01", 0.01),
     "pretrained.kept_tol": ("0.05", 0.05), "natural_text": ("true", True),
 }
 # a key that is only valid together with another setting

@@ -4,6 +4,7 @@ on tiny models (the bundled SmolLM2 in one slow test)."""
 
 import copy
 import json
+import math
 import shutil
 
 import pytest
@@ -14,8 +15,8 @@ from gatedattn.analysis import analyze
 from gatedattn.cli import main
 from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce.pretrained import claims as C
-from gatedattn.reproduce.pretrained.arms import (ARM_SPECS, build_arm, first_token_logits, head_stats, stop_step,
-                                                 train_arm, train_pair)
+from gatedattn.reproduce.pretrained.arms import (ARM_SPECS, KEPT_SINK_SHARE, build_arm, first_token_logits,
+                                                 head_stats, stop_step, train_arm, train_pair)
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, prefix, tail_losses, window_losses
 from gatedattn.reproduce.pretrained.measure import noop_curve, pearson
@@ -135,36 +136,67 @@ def test_first_token_logits_are_each_heads_mean_score_on_position_0(micro):
     assert not torch.allclose(logits[0], logits[1])
 
 
-def test_the_stopping_rule_stops_when_the_paired_loss_stops_improving():
+def test_the_stopping_rule_stops_after_patience_looks_without_a_better_one():
     falling = [1.0 - 0.1 * i for i in range(10)]
-    assert stop_step(falling, 2, 0.01) is None  # improving by 0.2 a block: never stops
-    plateau = [1.0, 0.8, 0.6, 0.5, 0.5, 0.5, 0.5, 0.5]
-    assert stop_step(plateau, 2, 0.01) == 7  # steps 5-6 (0.5) no better than 3-4 (0.5) by 0.01
-    assert stop_step([0.5] * 4, 2, 0.0) == 4  # flat: stops at the first comparison
-    assert stop_step([1.0, 0.9, 0.8], 2, 0.0) is None  # not two blocks yet
+    assert stop_step(falling, 2, 0.01) is None  # every look beats the best before it: never stops
+    plateau = [1.0, 0.8, 0.6, 0.5, 0.5, 0.5, 0.5]
+    assert stop_step(plateau, 2, 0.01) == 5  # looks 4 and 5 (0.5) no better than look 3 (0.5) by 0.01
+    assert stop_step(plateau, 3, 0.01) == 6  # more patience: one look later
+    assert stop_step([0.5, 0.4, 0.6, 0.7], 2, 0.0) == 3  # the best so far is what a look must beat
+    assert stop_step([0.5, 0.6, 0.45, 0.7, 0.7], 2, 0.0) == 4  # one better look resets the count
+    assert stop_step([0.5, 0.5], 2, 0.0) is None  # not patience looks after the first yet
+
+
+def _pair(micro, rows, arm="control", **kw):
+    start = 1
+    built = {m: build_arm(micro, ARM_SPECS[arm], start, None, {"control_lr": 0.05}, m) for m in (DROPPED, KEPT)}
+    hidden = {m: prefix(micro, rows[:, :-1], start, 4, m) for m in built}
+    dev = {m: h[-2:] for m, h in hidden.items()}
+    order = torch.randperm(len(rows) - 2, generator=torch.Generator().manual_seed(0))
+    out = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()}, hidden,
+                     rows[:, 1:], order, dev, rows[-2:, 1:], batch=2, start=start, window=4, **kw)
+    return out, hidden, order
+
+
+def _dev_paired(micro, hidden, rows):
+    with torch.no_grad():
+        d, k = (tail_losses(micro, hidden[m][-2:], rows[-2:, 1:], 1, 4, m).mean().item() for m in (DROPPED, KEPT))
+    return d - k
 
 
 def test_both_modes_train_on_the_same_batches_until_the_rule_stops_them(micro):
-    rows = _rows(n=8)
-    start = 1
-    built = {m: build_arm(micro, ARM_SPECS["control"], start, None, {"control_lr": 0.05}) for m in (DROPPED, KEPT)}
-    hidden = {m: prefix(micro, rows[:, :-1], start, 4, m) for m in built}
-    order = torch.randperm(8, generator=torch.Generator().manual_seed(0))
-    out = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()}, hidden, rows[:, 1:],
-                     order, steps=12, batch=2, start=start, window=4, stop_window=2, stop_tol=10.0)
-    assert out["converged"] and out["steps"] == 4  # a tolerance no improvement beats: stops at the first look
+    rows = _rows(n=10)
+    out, hidden, order = _pair(micro, rows, steps=12, every=2, patience=1, tol=10.0)
+    assert out["converged"] and out["steps"] == 2  # a tolerance no look beats: stops at the first look after 0
+    assert [s for s, _ in out["looks"]] == [0, 2]
+    assert out["looks"][0][1] == pytest.approx(_dev_paired(micro, hidden, rows), abs=1e-5)  # before any step
     assert out["paired"] == pytest.approx([d - k for d, k in zip(out["curves"][DROPPED], out["curves"][KEPT])])
     # the first step's losses are the untouched model's on the first batch, in each mode
     first = order[:2]
     for mode in (DROPPED, KEPT):
         with torch.no_grad():
-            ref = tail_losses(micro, hidden[mode][first], rows[first, 1:], start, 4, mode).mean().item()
+            ref = tail_losses(micro, hidden[mode][first], rows[first, 1:], 1, 4, mode).mean().item()
         assert out["curves"][mode][0] == pytest.approx(ref, abs=1e-5)
-    capped = train_pair({m: build_arm(micro, ARM_SPECS["control"], start, None, {"control_lr": 0.05})[0]
-                         for m in (DROPPED, KEPT)},
-                        {m: b[1] for m, b in built.items()}, hidden, rows[:, 1:], order, steps=3, batch=2,
-                        start=start, window=4, stop_window=1, stop_tol=-10.0)
+    capped, _, _ = _pair(micro, rows, steps=3, every=2, patience=1, tol=-10.0)
     assert not capped["converged"] and capped["steps"] == 3  # a rule that never fires: the cap ends it
+    assert [s for s, _ in capped["looks"]] == [0, 2, 3]  # and the cap is looked at too
+
+
+def test_a_kept_copys_sink_starts_absent_but_trainable(micro):
+    rows = _rows(n=6)
+    logits = first_token_logits(micro, rows[:, :-1], 4)
+    kept, groups = build_arm(micro, ARM_SPECS["sink"], 1, logits, {"sink_lr": 1.0}, KEPT)
+    dropped, _ = build_arm(micro, ARM_SPECS["sink"], 1, logits, {"sink_lr": 1.0}, DROPPED)
+    assert torch.allclose(dropped.blocks[1].attn.sink, logits[1])  # takes the first token's place
+    assert torch.allclose(kept.blocks[1].attn.sink, logits[1] + math.log(KEPT_SINK_SHARE))
+    assert kept.blocks[0].attn.sink.max() <= -30  # absent below the first trained layer
+    with torch.no_grad():
+        base, with_sink = (window_losses(m, rows, 4, KEPT).mean().item() for m in (micro, kept))
+    assert abs(with_sink - base) < 0.01  # the kept copy starts (nearly) as the model is
+    before = kept.blocks[1].attn.sink.clone()
+    train_arm(kept, groups, prefix(micro, rows[:, :-1], 1, 4, KEPT), rows[:, 1:], torch.arange(6), steps=2, batch=2,
+              start=1, window=4, first=KEPT)
+    assert (kept.blocks[1].attn.sink - before).abs().min() > 0.1  # Adam moves every head's sink (lr 1)
 
 
 def test_arm_steps_under_bf16_autocast_stay_near_fp32(micro):
@@ -178,8 +210,9 @@ def test_arm_steps_under_bf16_autocast_stay_near_fp32(micro):
     for dtype in ("fp32", "bf16"):
         built = {m: build_arm(micro, ARM_SPECS["control"], 1, None, {"control_lr": 0.05}) for m in (DROPPED, KEPT)}
         curves[dtype] = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()}, hidden,
-                                   rows[:, 1:], torch.arange(4), steps=2, batch=2, start=1, window=4, stop_window=1,
-                                   stop_tol=-1.0, autocast=partial(resolve_dtype(dtype).autocast, "cpu"))["curves"]
+                                   rows[:, 1:], torch.arange(4), {m: h[:1] for m, h in hidden.items()}, rows[:1, 1:],
+                                   steps=2, batch=2, start=1, window=4, every=1, patience=1, tol=-1.0,
+                                   autocast=partial(resolve_dtype(dtype).autocast, "cpu"))["curves"]
         assert all(p.dtype == torch.float32 for p in built[DROPPED][0].parameters())  # the weights stay fp32
     for mode in (DROPPED, KEPT):
         assert curves["bf16"][mode] != curves["fp32"][mode]  # the steps did run in bf16
@@ -191,7 +224,7 @@ def test_the_report_shows_every_recovery_side_by_side_and_the_shares_of_the_firs
 
     r = _results()
     r["config"] = {**r["config"], "sink_layers_eps": 0.2, "batch": 4, "seq_len": 256, "seeds": 2, "steps": 24,
-                   "stop_window": 4, "stop_tol": 0.005, "kept_tol": 0.02, "sink_lr": 1.0, "gate_lr": 0.01,
+                   "dev_windows": 4, "stop_every": 4, "stop_patience": 2, "stop_tol": 0.005, "kept_tol": 0.02, "sink_lr": 1.0, "gate_lr": 0.01,
                    "control_lr": 0.03}
     r["model"] = {"layers": 30}
     r["untouched"] = {"kept": 3.3, "dropped": 4.3, "windows": 32}
@@ -329,7 +362,8 @@ def test_the_retrofit_claim_needs_the_sink_kept_in_every_data_order():
 
 @pytest.mark.parametrize("fields, match", [
     ({"first_token": "eos"}, "first_token='eos' is not allowed; choose auto, bos, none"),
-    ({"steps": 6, "stop_window": 4}, "stop_window=4 can never stop an arm within steps=6"),
+    ({"steps": 6, "stop_every": 4}, "stop_patience=2 looks every stop_every=4 steps can never stop an arm within "
+                                    "steps=6"),
     ({"arms": ("sink", "sink-gate")}, "arms='sink-gate' is not allowed"),
     ({"eval_windows": 1}, "eval_windows=1 must be >"),
     ({"windows": (16, 300)}, "must be below seq_len=256"),
@@ -371,7 +405,7 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
     assert "add_bos_token true" in (out / "report.md").read_text()
     assert set(part["arms"]) == {"sink", "gate-headwise", "control"}
     for arm in part["arms"].values():
-        assert len(arm["runs"]) == 1 and {DROPPED, KEPT, "steps", "paired_curve"} <= set(arm["runs"][0])
+        assert len(arm["runs"]) == 1 and {DROPPED, KEPT, "steps", "paired_curve", "looks"} <= set(arm["runs"][0])
         assert "credited" in arm and "streaming" in arm["runs"][0]
     assert set(part["streaming"]["curves"]) == {"full", "kept", "dropped", "sink", "gate-headwise", "control"}
     assert {c["key"] for c in part["claims"]} >= {"lm-sink", "lm-window", "lm-sink-arm", "lm-control", "lm-retrofit"}

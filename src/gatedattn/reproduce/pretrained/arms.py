@@ -3,7 +3,9 @@
 Every arm is added to a copy of the frozen model (:func:`build_arm`): the sinks and the
 gates through :func:`gatedattn.hf.add_gates` with identity init (the gates leave the
 model's outputs unchanged; a sink starts, in the layers it trains, at each head's measured
-first-token logit (:func:`first_token_logits`) or at 0, and stays absent, -30, below), the
+first-token logit (:func:`first_token_logits`) or at 0 with the first token dropped, and
+just below a hundredth of the first token's weight where the first token is kept
+(:func:`sink_start`); it stays absent, -30, below), the
 control as a bias on each layer's attention output, starting at 0, which has as many
 parameters per layer as the residual stream is wide but no way to scale a head down;
 ``sink-bias`` has both. Only the arm's parameters in the layers from ``start`` up train
@@ -11,8 +13,8 @@ parameters per layer as the residual stream is wide but no way to scale a head d
 every arm and run once per window (:func:`gatedattn.reproduce.pretrained.masked.prefix`).
 
 :func:`train_pair` trains one arm in both modes (first position dropped and kept) on the
-same batches of a pool in the order of one seed, until the paired loss stops improving
-(:func:`stop_step`); :func:`head_stats` reads, per (layer, head), the attention left on
+same batches of a pool in the order of one seed, until the paired loss on a few held-out
+development windows stops improving (:func:`stop_step`); :func:`head_stats` reads, per (layer, head), the attention left on
 the first position, the learnable sink's probability and the mean gate score.
 """
 
@@ -64,13 +66,30 @@ ARM_SPECS = {a.name: a for a in (
 )}
 
 
+KEPT_SINK_SHARE = 0.01  # with the first token kept, a sink starts at this share of its weight
+
+
+def sink_start(arm: Arm, mode: str, measured: Tensor) -> Tensor:
+    """Where ``arm``'s sink logits (H,) start in one layer of the copy trained in ``mode``,
+    ``measured`` that layer's mean first-token logit per head. With the first token dropped
+    the sink takes its place (``measured``) or starts at 0 (``sink-zero``). With it kept,
+    the model needs no sink: it starts absent but trainable, at ``KEPT_SINK_SHARE`` of the
+    first token's weight (a sink at the first token's logit would halve that token's
+    attention and start the kept copy damaged, which the paired figure would count as
+    recovery)."""
+    if mode == KEPT:
+        return measured + math.log(KEPT_SINK_SHARE)
+    return measured.clone() if arm.sink_init == "measured" else torch.zeros_like(measured)
+
+
 def build_arm(base: GatedLM, arm: Arm, start: int, sink_logits: list[Tensor] | None = None,
-              lrs: dict[str, float] | None = None) -> tuple[GatedLM, list[dict]]:
-    """A copy of ``base`` with ``arm`` added; its trainable parameters (layers >= ``start``)
-    as Adam parameter groups (each with its learning rate from ``lrs``, config field ->
-    value). A sink starts at ``sink_logits[layer]`` (the measured first-token logit per
-    head) where the arm asks for it, else at 0, in the layers it trains; below ``start``
-    it stays absent (-30)."""
+              lrs: dict[str, float] | None = None, mode: str = DROPPED) -> tuple[GatedLM, list[dict]]:
+    """A copy of ``base`` with ``arm`` added for training in ``mode``; its trainable
+    parameters (layers >= ``start``) as Adam parameter groups (each with its learning rate
+    from ``lrs``, config field -> value). A sink starts where :func:`sink_start` says in the
+    layers it trains (``sink_logits[layer]``: the measured first-token logit per head, needed
+    by a sink arm except ``sink-zero`` with the first token dropped); below ``start`` it stays
+    absent (-30)."""
     model = copy.deepcopy(base)
     if arm.variant is not None:
         add_gates(model, arm.variant, init="identity")
@@ -80,10 +99,11 @@ def build_arm(base: GatedLM, arm: Arm, start: int, sink_logits: list[Tensor] | N
         for i, block in enumerate(model.blocks[start:], start):
             attn = block.attn
             if attn.sink is not None:
-                if arm.sink_init == "measured" and sink_logits is None:
-                    raise ValueError(f"arm {arm.name!r} starts its sink at the measured first-token logits: "
-                                     "give sink_logits")
-                attn.sink.copy_(sink_logits[i] if arm.sink_init == "measured" else torch.zeros_like(attn.sink))
+                needs = mode == KEPT or arm.sink_init == "measured"
+                if needs and sink_logits is None:
+                    raise ValueError(f"arm {arm.name!r} in mode {mode!r} starts its sink from the measured "
+                                     "first-token logits: give sink_logits")
+                attn.sink.copy_(sink_start(arm, mode, sink_logits[i] if needs else torch.zeros_like(attn.sink)))
             if arm.bias:
                 attn.o_proj.bias = nn.Parameter(torch.zeros(attn.o_proj.out_features))
     groups = []
@@ -96,15 +116,15 @@ def build_arm(base: GatedLM, arm: Arm, start: int, sink_logits: list[Tensor] | N
     return model.eval(), groups
 
 
-def stop_step(paired: list[float], window: int, tol: float) -> int | None:
-    """The stopping rule: the first step count t (>= 2 ``window``) at which the mean paired
-    loss of steps t-window..t-1 is not below the mean of the ``window`` steps before it by
-    more than ``tol`` nats; None while it keeps improving."""
-    for t in range(2 * window, len(paired) + 1):
-        last = sum(paired[t - window:t]) / window
-        before = sum(paired[t - 2 * window:t - window]) / window
-        if last >= before - tol:
-            return t
+def stop_step(looks: list[float], patience: int, tol: float) -> int | None:
+    """The stopping rule on the paired losses measured at each look (the first before any
+    step): the index of the first look that makes ``patience`` in a row none of which is
+    below the best of the looks before them by more than ``tol`` nats; None while it keeps
+    improving."""
+    for k in range(patience, len(looks)):
+        best = min(looks[:k - patience + 1])
+        if min(looks[k - patience + 1:k + 1]) >= best - tol:
+            return k
     return None
 
 
@@ -127,20 +147,34 @@ def _rows(order: Tensor, step: int, batch: int) -> Tensor:
     return order[(torch.arange(batch) + step * batch) % len(order)]
 
 
+def _paired_dev(models: dict[str, GatedLM], dev: dict[str, Tensor], dev_targets: Tensor, start: int,
+                window: int) -> float:
+    """The paired loss (dropped minus kept) on the development windows, in fp32."""
+    with torch.no_grad():
+        losses = {m: tail_losses(model, dev[m], dev_targets, start, window, m).mean().item()
+                  for m, model in models.items()}
+    return losses[DROPPED] - losses[KEPT]
+
+
 def train_pair(models: dict[str, GatedLM], groups: dict[str, list[dict]], hidden: dict[str, Tensor],
-               targets: Tensor, order: Tensor, *, steps: int, batch: int, start: int, window: int,
-               stop_window: int, stop_tol: float, autocast=contextlib.nullcontext) -> dict[str, Any]:
+               targets: Tensor, order: Tensor, dev: dict[str, Tensor], dev_targets: Tensor, *, steps: int,
+               batch: int, start: int, window: int, every: int, patience: int, tol: float,
+               autocast=contextlib.nullcontext) -> dict[str, Any]:
     """Adam over each mode's copy of the arm (``models``: mode -> model, ``groups`` its
     parameter groups) on the same ``batch`` pool windows a step, taken in ``order``
-    (cycling), ``hidden`` each mode's residual stream entering block ``start``; stops by
-    :func:`stop_step` on the paired loss (dropped minus kept), at ``steps`` at the most.
-    Returns each mode's training curve, the paired curve, the steps run and whether the
-    rule stopped it (``converged``). Each step runs under ``autocast()`` (bf16 where the
-    study asks), the frozen weights then cast once for every step (``FrozenCasts``)."""
+    (cycling), ``hidden`` each mode's residual stream entering block ``start``. Every
+    ``every`` steps (and before the first) it looks at the paired loss (dropped minus kept)
+    on the development windows (``dev``: each mode's residual stream, ``dev_targets``), and
+    stops by :func:`stop_step` on those looks, at ``steps`` at the most. Returns each mode's
+    training curve, the paired training curve, the looks (step, paired loss), the steps run
+    and whether the rule stopped it (``converged``). Each step runs under ``autocast()``
+    (bf16 where the study asks), the frozen weights then cast once for every step
+    (``FrozenCasts``); the looks run in fp32."""
     opts = {m: _adam(groups[m]) for m in models}
     frozen = {m: FrozenCasts(model) for m, model in models.items()}
     curves: dict[str, list[float]] = {m: [] for m in models}
     paired: list[float] = []
+    looks = [(0, _paired_dev(models, dev, dev_targets, start, window))]
     stopped = None
     for step in range(steps):
         rows = _rows(order, step, batch)
@@ -148,10 +182,13 @@ def train_pair(models: dict[str, GatedLM], groups: dict[str, list[dict]], hidden
             curves[mode].append(_step(model, opts[mode], frozen[mode], hidden[mode][rows], targets[rows], start,
                                       window, mode, autocast))
         paired.append(curves[DROPPED][-1] - curves[KEPT][-1])
-        stopped = stop_step(paired, stop_window, stop_tol)
-        if stopped is not None:
-            break
-    return {"curves": curves, "paired": paired, "steps": len(paired), "converged": stopped is not None}
+        if (step + 1) % every == 0 or step + 1 == steps:
+            looks.append((step + 1, _paired_dev(models, dev, dev_targets, start, window)))
+            stopped = stop_step([v for _, v in looks], patience, tol)
+            if stopped is not None:
+                break
+    return {"curves": curves, "paired": paired, "looks": looks, "steps": len(paired),
+            "converged": stopped is not None}
 
 
 def train_arm(model: GatedLM, groups: list[dict], hidden: Tensor, targets: Tensor, order: Tensor, *, steps: int,
@@ -233,5 +270,5 @@ def head_stats(model: GatedLM, inputs: Tensor, window: int, first: str) -> dict[
     }
 
 
-__all__ = ["ARM_SPECS", "Arm", "attention_mode", "build_arm", "first_token_logits", "head_stats", "prefix",
-           "stop_step", "train_arm", "train_pair"]
+__all__ = ["ARM_SPECS", "KEPT_SINK_SHARE", "Arm", "attention_mode", "build_arm", "first_token_logits", "head_stats", "prefix",
+           "sink_start", "stop_step", "train_arm", "train_pair"]

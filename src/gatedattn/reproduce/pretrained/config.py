@@ -39,9 +39,12 @@ class PretrainedConfig:
     seeds: int = option(3, gt=0, help="data orders of every arm")
     steps: int = option(24, gt=0, help="the most optimizer steps of every arm (the stopping rule ends it earlier)")
     batch: int = option(4, gt=0, help="windows per step")
-    stop_window: int = option(4, gt=0, help="the stopping rule: an arm stops at the first step where the mean paired "
-                                            "training loss (dropped minus kept, same batch) of its last stop_window "
-                                            "steps is not below that of the stop_window steps before by stop_tol")
+    dev_windows: int = option(4, gt=0, help="training-split windows outside the pool the stopping rule reads")
+    stop_every: int = option(4, gt=0, help="the stopping rule looks at the paired loss (dropped minus kept) on the "
+                                           "dev_windows before the first step and every stop_every steps")
+    stop_patience: int = option(2, gt=0, help="the stopping rule: an arm stops at the first look that makes "
+                                              "stop_patience in a row none of which beats the best look before "
+                                              "them by more than stop_tol")
     stop_tol: float = option(0.005, ge=0, help="nats: the least improvement of the paired loss that keeps training")
     kept_tol: float = option(0.02, ge=0, help="nats: an arm whose held-out kept-mode loss rose by more is credited "
                                               "with no recovery")
@@ -76,10 +79,10 @@ class PretrainedConfig:
         if any(w >= self.seq_len for w in self.windows) or self.window >= self.seq_len:
             raise ConfigError(f"PretrainedConfig.windows={self.windows} and window={self.window} must be below "
                               f"seq_len={self.seq_len} (a window that reaches the first token changes nothing)")
-        if 2 * self.stop_window > self.steps:
-            raise ConfigError(f"PretrainedConfig.stop_window={self.stop_window} can never stop an arm within steps="
-                              f"{self.steps}: the rule compares two blocks of stop_window steps (needs steps >= "
-                              f"{2 * self.stop_window})")
+        if self.stop_every * self.stop_patience > self.steps:
+            raise ConfigError(f"PretrainedConfig.stop_patience={self.stop_patience} looks every stop_every="
+                              f"{self.stop_every} steps can never stop an arm within steps={self.steps} (needs steps "
+                              f">= {self.stop_every * self.stop_patience})")
         if self.streaming_len <= max(self.windows):
             raise ConfigError(f"PretrainedConfig.streaming_len={self.streaming_len} must exceed the largest window "
                               f"{max(self.windows)}")
@@ -89,7 +92,8 @@ class PretrainedConfig:
         """The whole pipeline in well under a minute: the model cut to its first 4 layers,
         short windows, one data order, a few steps."""
         base = dict(truncate_layers=4, seq_len=64, analysis_windows=2, eval_windows=2, windows=(8, 16),
-                    arms=DEFAULT_ARMS, seeds=1, steps=2, stop_window=1, batch=1, streaming_len=96,
+                    arms=DEFAULT_ARMS, seeds=1, steps=2, dev_windows=1, stop_every=1, stop_patience=1,
+                    batch=1, streaming_len=96,
                     window=8, out_dir="runs/reproduce-pretrained-quick")
         return cls(**{**base, **changes})
 

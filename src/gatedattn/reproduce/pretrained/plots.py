@@ -61,8 +61,9 @@ def plot_noop(results: dict, path: Path) -> Path:
 
 def plot_arm_curves(results: dict, path: Path) -> Path:
     """Per arm: the training loss, first token dropped (solid) and kept (dotted), and below
-    it the paired loss (dropped − kept, same batch) the stopping rule reads, with the step
-    each data order stopped at."""
+    it the paired loss (dropped − kept) on the development windows at each look the stopping
+    rule reads (faint: the same on each training batch), with the step each data order
+    stopped at."""
     arms = results["arms"]
     fig = figure((3.6 * len(arms), 6.4))
     axes = np.asarray(fig.subplots(2, len(arms), sharey="row", squeeze=False))
@@ -75,8 +76,13 @@ def plot_arm_curves(results: dict, path: Path) -> Path:
                 ax.plot(range(1, len(run[mode]["curve"]) + 1), _running_mean(run[mode]["curve"]), style,
                         color=variant_color(name), alpha=alpha,
                         label=f"{'dropped' if mode == 'drop' else 'kept'}, order {seed}")
-            paired = run.get("paired_curve")
-            if paired:
+            paired, looks = run.get("paired_curve"), run.get("looks")
+            if looks:  # the development windows' paired loss the rule reads, and where it stopped
+                bx.plot(range(1, len(paired) + 1), paired, color=variant_color(name), alpha=0.2 * alpha, lw=0.8)
+                xs, ys = zip(*looks)
+                bx.plot(xs, ys, ".-", color=variant_color(name), alpha=alpha, label=f"order {seed}")
+                bx.plot([xs[-1]], [ys[-1]], "x" if run.get("converged") else "o", color="black", alpha=alpha)
+            elif paired:
                 steps = range(1, len(paired) + 1)
                 bx.plot(steps, _running_mean(paired), color=variant_color(name), alpha=alpha, label=f"order {seed}")
                 bx.plot([len(paired)], [_running_mean(paired)[-1]], "x" if run.get("converged") else "o",
@@ -88,7 +94,7 @@ def plot_arm_curves(results: dict, path: Path) -> Path:
         ax.set(title=f"{name} ({arm['params']:,} parameters)")
         bx.set(xlabel="step")
     axes[0, 0].set_ylabel(f"training loss (nats, running mean of {SMOOTH})")
-    axes[1, 0].set_ylabel("paired loss, dropped − kept (nats)")
+    axes[1, 0].set_ylabel("paired loss, dropped − kept (nats; dots: dev windows)")
     axes[0, -1].legend(fontsize=6)
     axes[1, -1].legend(fontsize=6, title="x: stopped by the rule, o: at the cap", title_fontsize=6)
     return save_figure(fig, path)

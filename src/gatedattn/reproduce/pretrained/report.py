@@ -91,10 +91,10 @@ def _noop_lines(r: dict) -> list[str]:
 
 def _arm_lines(r: dict) -> list[str]:
     cfg, u = r["config"], r["untouched"]
-    stop = (f"until the paired training loss (dropped − kept, same batch) stopped improving: the mean of its last "
-            f"{cfg['stop_window']} steps not below the mean of the {cfg['stop_window']} before by "
-            f"{cfg['stop_tol']:g} nats, {cfg['steps']} steps at the most" if "stop_window" in cfg else
-            f"for {cfg['steps']} steps")
+    stop = (f"until the paired loss (dropped − kept) on {cfg['dev_windows']} development windows (training text, "
+            f"outside the pool), looked at before the first step and every {cfg['stop_every']} steps, had not "
+            f"beaten its best earlier look by {cfg['stop_tol']:g} nats for {cfg['stop_patience']} looks in a row, "
+            f"{cfg['steps']} steps at the most" if "stop_every" in cfg else f"for {cfg['steps']} steps")
     precision = r.get("arm_precision")
     if precision:
         stop += (f"; steps in {'bf16 autocast' if precision['dtype'] == 'bf16' else 'fp32'} ({precision['reason']}), "
@@ -104,7 +104,7 @@ def _arm_lines(r: dict) -> list[str]:
              f"{cfg['sink_layers_eps']:g}; below, the model runs untouched) with Adam, {cfg['batch']} × "
              f"{cfg['seq_len']} training tokens a step, {stop}; {cfg['seeds']} data orders, once with the first "
              f"token dropped and once kept, on the same batches. Untouched model on {u['windows']} held-out windows: "
-             f"{u['kept']:.3f} kept, {u['dropped']:.3f} dropped.", "",
+             f"{u['kept']:.3f} kept, {u['dropped']:.3f} dropped." + _sink_start_line(r), "",
              "Paired = 1 − (L_arm,dropped − L_arm,kept) / (L_dropped − L_kept): adaptation to the text, which lowers "
              "both, is taken out. Unpaired = (L_dropped − L_arm,dropped) / (L_dropped − L_kept). An arm is credited "
              "with the smaller of the two, and with nothing where its kept-mode loss rose by more than "
@@ -125,6 +125,16 @@ def _arm_lines(r: dict) -> list[str]:
     if shares:
         lines += [shares, ""]
     return lines
+
+
+def _sink_start_line(r: dict) -> str:
+    """How the sink arms start in each mode (runs made with the development-window rule
+    started the kept copy's sink absent)."""
+    if "stop_every" not in r["config"] or not any(n.startswith("sink") for n in r["arms"]):
+        return ""
+    return (" A sink starts, with the first token dropped, at each head's measured first-token logit (at 0 in "
+            "`sink-zero`); with it kept, at a hundredth of that token's weight (the logit − ln 100): absent but "
+            "trainable, so the kept copy starts as the model is.")
 
 
 def _lr_fields(name: str) -> list[str]:

@@ -80,7 +80,7 @@ STAGE_FIELDS = {
     "noop": (*_TEXT, "eval_windows", "windows"),
     "noop_plain": (*_TEXT, "eval_windows", "windows", "window", "min_gap"),
     "arms": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "sink_layers_eps", "steps", "batch",
-             "stop_window", "stop_tol", "streaming_len"),
+             "dev_windows", "stop_every", "stop_patience", "stop_tol", "streaming_len"),
     "streaming": (*_TEXT, "eval_windows", "windows", "window", "min_gap", "streaming_len"),
     "continued": (*_TEXT, "analysis_windows", "eval_windows", "batch", "continued_steps", "continued_lr"),
 }
@@ -174,18 +174,20 @@ def _mean_std(values: list[float | None]) -> dict[str, Any]:
 
 class _Arms:
     """The arms' shared inputs: the frozen model, the layer they train from, the window, the
-    cached residual stream of the pool and held-out windows in both modes, the measured
-    first-token logits (a sink's start) and the streaming row."""
+    cached residual stream of the pool, the development windows the stopping rule reads and
+    the held-out windows in both modes, the measured first-token logits (a sink's start) and
+    the streaming row."""
 
-    def __init__(self, cfg: PretrainedConfig, model: GatedLM, pool, evals, start: int, window: int,
+    def __init__(self, cfg: PretrainedConfig, model: GatedLM, pool, dev, evals, start: int, window: int,
                  sink_logits: list[list[float]], stream_row: torch.Tensor):
         self.cfg, self.model, self.start, self.window = cfg, model, start, window
-        self.pool_targets, self.eval_targets = pool[:, 1:], evals[:, 1:]
+        self.pool_targets, self.dev_targets, self.eval_targets = pool[:, 1:], dev[:, 1:], evals[:, 1:]
         self.eval_inputs = evals[:, :-1]
         self.sink_logits = [torch.tensor(layer) for layer in sink_logits]
         self.precision = arm_precision(cfg.dtype)
         self.stream_row = stream_row
         self.pool_hidden = {m: prefix(model, pool[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
+        self.dev_hidden = {m: prefix(model, dev[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
         self.eval_hidden = {m: prefix(model, evals[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
 
     def eval_loss(self, model: GatedLM, mode: str) -> torch.Tensor:
@@ -200,14 +202,15 @@ class _Arms:
         streaming curve (first token dropped)."""
         cfg, arm = self.cfg, ARM_SPECS[arm_name]
         lrs = {f: getattr(cfg, f) for f in ("sink_lr", "gate_lr", "control_lr")}
-        built = {m: build_arm(self.model, arm, self.start, self.sink_logits, lrs) for m in (DROPPED, KEPT)}
+        built = {m: build_arm(self.model, arm, self.start, self.sink_logits, lrs, m) for m in (DROPPED, KEPT)}
         order = torch.randperm(len(self.pool_targets), generator=torch.Generator().manual_seed(seed))
         trained = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()},
-                             self.pool_hidden, self.pool_targets, order, steps=cfg.steps, batch=cfg.batch,
-                             start=self.start, window=self.window, stop_window=cfg.stop_window,
-                             stop_tol=cfg.stop_tol, autocast=functools.partial(self.precision.autocast, "cpu"))
+                             self.pool_hidden, self.pool_targets, order, self.dev_hidden, self.dev_targets,
+                             steps=cfg.steps, batch=cfg.batch, start=self.start, window=self.window,
+                             every=cfg.stop_every, patience=cfg.stop_patience, tol=cfg.stop_tol,
+                             autocast=functools.partial(self.precision.autocast, "cpu"))
         out: dict[str, Any] = {"steps": trained["steps"], "converged": trained["converged"],
-                               "paired_curve": trained["paired"]}
+                               "paired_curve": trained["paired"], "looks": trained["looks"]}
         for mode, (model, groups) in built.items():
             losses = self.eval_loss(model, mode)
             out[mode] = {"loss": losses.mean().item(), "losses": losses.tolist(), "curve": trained["curves"][mode],
@@ -433,8 +436,9 @@ def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dic
 
     @functools.cache
     def shared() -> _Arms:
-        return _Arms(cfg, inp.model, inp.windows("train", cfg.steps * cfg.batch, 2), inp.evals, start, window, logits,
-                     inp.text.long_window(cfg.streaming_len))
+        drawn = inp.windows("train", cfg.steps * cfg.batch + cfg.dev_windows, 2)  # the pool, then the dev windows
+        return _Arms(cfg, inp.model, drawn[:cfg.steps * cfg.batch], drawn[cfg.steps * cfg.batch:], inp.evals, start,
+                     window, logits, inp.text.long_window(cfg.streaming_len))
 
     # the untouched model on the held-out windows at W: the no-op curve's point, where it has one
     point = next((p for p in results["noop"] if p["window"] == window), None)
