@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job: set up .venv if needed, then train baseline and gated models on the
-# bundled corpus and write the report (runs/reproduce/report.md). Extra arguments go to
-# `gatedattn reproduce` (e.g. --quick, --seeds 3, --variants baseline,gated,hyga-lowrank).
+# The main job: set up .venv if needed, then run the mechanism study (Bigram-Backcopy) and
+# the real-model study (the bundled SmolLM2-135M) and write one report
+# (runs/reproduce/report.md). Extra arguments go to `gatedattn reproduce` (e.g. --quick,
+# --with-text for the natural-text part, --set pretrained.arms=sink,sink-bias,control).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -487,24 +487,24 @@ def test_load_any_reads_our_format_and_rejects_unknown(tmp_path, data):
         load_any(other)
 
 
-def test_load_any_sends_gguf_paths_to_the_hf_loader(tmp_path, monkeypatch):
-    """A .gguf file, or a directory with one and no config.json, goes to gatedattn.hf.load_model."""
-    import gatedattn.hf
+def test_load_any_is_the_one_loader(tmp_path, data):
+    """analysis reads models through gatedattn.hf.load_model: the same model, the same refusals."""
+    from gatedattn.hf import load_model
 
-    seen = []
-    monkeypatch.setattr(gatedattn.hf, "load_model", lambda path: seen.append(path) or torch.nn.Linear(1, 1),
-                        raising=False)
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    load_any(tmp_path / "m.gguf")
-    load_any(tmp_path)
-    assert seen == [tmp_path / "m.gguf", tmp_path]
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))  # a config wins over the .gguf
-    load_any(tmp_path)
-    assert seen == [tmp_path / "m.gguf", tmp_path, tmp_path]
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gatedattn"}))
-    with pytest.raises(GatedAttnError):  # our own format: GatedLM.from_pretrained, not the hf loader
-        load_any(tmp_path)
-    assert len(seen) == 3
+    path = data_model(data, "gated").save_pretrained(tmp_path / "m")
+    ours, theirs = load_any(path), load_model(path)
+    assert ours.cfg == theirs.cfg and all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
+                                                                            theirs.state_dict().values()))
+    two = tmp_path / "two"  # a directory of two GGUF files: both refuse it alike
+    two.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (two / name).write_bytes(b"GGUF")
+    errors = []
+    for load in (load_any, load_model):
+        with pytest.raises(GatedAttnError) as e:
+            load(two)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "holds 2 .gguf files" in errors[0]
 
 
 def test_a_gated_lm_is_scored_by_its_fused_head_and_loss():

@@ -3,10 +3,10 @@
 import torch
 
 from gatedattn.analysis import analyze
-from gatedattn.analysis.registry import MECHANISM_METRICS, TEXT_METRICS, columns, keys
+from gatedattn.analysis.registry import MECHANISM_METRICS, TEXT_METRICS, keys
 from gatedattn.data.backcopy import FALLBACK_TEXT, BigramBackcopy
 from gatedattn.models.lm import GatedLM, ModelConfig
-from gatedattn.reproduce import mechanism, mechanism_report, report
+from gatedattn.reproduce import mechanism, mechanism_report
 from gatedattn.reproduce.text import run as text_run
 from gatedattn.reproduce.mechanism_probe import measure
 
@@ -26,9 +26,18 @@ def test_every_mechanism_metric_is_produced_by_the_probe():
 
 
 def test_summaries_and_tables_read_the_registry():
-    assert text_run.SUMMARY_METRICS == keys(TEXT_METRICS, "analysis")
-    assert report.SUMMARY_COLUMNS == columns(TEXT_METRICS)
-    assert mechanism.SUMMARY_KEYS == keys(MECHANISM_METRICS)
-    assert mechanism_report.COLUMNS == columns(MECHANISM_METRICS)
+    # every registered metric is summarised over the seeds, and nothing that is not registered
+    finals = [{**{k: float(i) for k in keys(MECHANISM_METRICS)}, "not_a_metric": 1.0} for i in (1, 3)]
+    summary = mechanism.summarize(finals)
+    assert set(summary) == set(keys(MECHANISM_METRICS)) and all(s["mean"] == 2.0 for s in summary.values())
+    runs = [{"analysis": {k: float(i) for k in keys(TEXT_METRICS, "analysis")}, "tokens_per_s": 1.0,
+             "final_loss": 1.0} for i in (1, 3)]
+    text_summary = text_run.summarize(runs)
+    assert all(text_summary[k]["mean"] == 2.0 for k in keys(TEXT_METRICS, "analysis"))
+    # the mechanism report's table has one column per table metric, with its label, and its values
+    lines = mechanism_report._summary_table({"baseline": summary}, {"analysis_sequences": 8}, 2)
+    labels = [m.label for m in MECHANISM_METRICS if m.table]
+    assert lines[0] == "| variant | " + " | ".join(labels) + " |"
+    assert lines[2].count("|") == len(labels) + 2 and "2" in lines[2]
     assert len({m.key for m in TEXT_METRICS}) == len(TEXT_METRICS)
     assert len({m.key for m in MECHANISM_METRICS}) == len(MECHANISM_METRICS)

@@ -167,6 +167,20 @@ def test_time_steps_times_every_variant(data_dir):
     assert set(timed) == {"baseline", "gated"} and all(t > 0 for t in timed.values())
 
 
+def test_time_steps_reports_each_variants_own_seconds_per_step(data_dir, monkeypatch):
+    import time
+
+    from gatedattn.reproduce.text import plan
+
+    seconds = {"baseline": 0.01, "gated": 0.04}  # steps of known length, in place of training
+    monkeypatch.setattr(plan, "step_fn", lambda cfg, v, data: lambda: time.sleep(seconds[v]))
+    cfg = ReproduceConfig.quick(preset="micro", variants=("baseline", "gated"), data_dir=data_dir, progress=False)
+    timed = plan.time_steps(cfg, None, repeats=3)
+    for v, s in seconds.items():
+        assert s <= timed[v] < s + 0.025  # the median of its own rounds, not the other's or their sum
+    assert timed["gated"] > timed["baseline"]
+
+
 def test_levers_are_timed_together(data_dir):
     from pathlib import Path
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -30,11 +28,12 @@ from torch import Tensor, nn
 from gatedattn.analysis.metrics import SINK_EPS, GateStats, sink_fraction, sink_fraction_per_layer
 from gatedattn.analysis.probe import Probe, attention_layers
 from gatedattn.analysis.windows import FirstToken
+from gatedattn.hf.load import load_model
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.layers.config import RopeConfig
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.fmt import finite_or_none, fmt_value
-from gatedattn.models.lm import CONFIG_FILE, MODEL_TYPE, GatedLM
+from gatedattn.models.lm import GatedLM
 
 __all__ = [
     "EXTRAPOLATION_METHODS",
@@ -56,49 +55,10 @@ EXTRAPOLATION_METHODS = ("plain", "linear", "ntk", "yarn")
 
 
 def load_any(directory: str | Path, *, device: str | torch.device = "cpu") -> nn.Module:
-    """Load a checkpoint directory (or a GGUF file) as a ``GatedLM``.
-
-    A ``config.json`` with ``model_type: gatedattn`` is read by ``GatedLM.from_pretrained``;
-    any other model type, a ``.gguf`` file and a directory holding one (and no
-    ``config.json``) go to ``gatedattn.hf.load_model`` (HF Qwen3 / Qwen2 / Llama,
-    Qwen3-Next, the official gated-attention layout, GGUF).
-    """
-    directory = Path(directory)
-    if _is_gguf(directory, CONFIG_FILE):
-        return _hf_load_model("the file is GGUF")(directory).to(device)
-    if not directory.is_dir():
-        raise GatedAttnError(f"model directory not found: {directory}")
-    config = directory / CONFIG_FILE
-    if not config.is_file():
-        raise GatedAttnError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")
-    try:
-        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-        raise GatedAttnError(f"{config} is not a valid JSON object: {e}") from None
-    if model_type == MODEL_TYPE:
-        return GatedLM.from_pretrained(directory, map_location=device)
-    return _hf_load_model(f"{config} has model_type={model_type!r}")(directory).to(device)
-
-
-def _is_gguf(path: Path, config_file: str) -> bool:
-    """A ``.gguf`` file, or a directory without ``config.json`` that holds one."""
-    if path.is_file() or not path.is_dir():
-        return path.suffix.lower() == ".gguf" and path.is_file()
-    return not (path / config_file).is_file() and any(p.suffix.lower() == ".gguf" for p in path.iterdir())
-
-
-def _hf_load_model(why: str):
-    """``gatedattn.hf.load_model``, or a one-line refusal saying ``why`` it was needed."""
-    try:
-        hf = importlib.import_module("gatedattn.hf")
-    except ModuleNotFoundError as e:
-        if e.name is None or not e.name.startswith("gatedattn"):
-            raise
-        hf = None
-    if getattr(hf, "load_model", None) is None:
-        raise GatedAttnError(f"{why}; loading non-gatedattn checkpoints needs gatedattn.hf.load_model, which this "
-                             f"installation does not have")
-    return hf.load_model
+    """The model at ``directory`` as a ``GatedLM`` on ``device``, read by the one loader,
+    :func:`gatedattn.hf.load_model`: a gatedattn, HF Llama / Qwen2 / Qwen3, Qwen3-Next or
+    official-layout directory, a GGUF file, or a directory holding one."""
+    return load_model(directory, device=device)
 
 
 # --------------------------------------------------------------------------- analyze
@@ -141,9 +101,9 @@ def _token_losses(logits: Tensor, targets: Tensor) -> Tensor:
 def _loss_sum(model: nn.Module, run, inputs: Tensor, targets: Tensor) -> float:
     """The batch's summed next-token cross-entropy. A ``GatedLM`` computes it with its LM head
     and loss fused (``forward(targets=...)``, ``ops.linear_cross_entropy``): no (B, T, V)
-    logits, no separate log-softmax over them; on SmolLM2 (vocabulary 49,152) that took
-    the analysis forward of 4 x 256 tokens from 0.59 to 0.47 s in bf16. Any other model
-    through its logits. ``run`` calls the model (``FrozenCasts``)."""
+    logits and no separate log-softmax over them, which dominate at a large vocabulary
+    (``docs/benchmarks/real-model.md``). Any other model through its logits. ``run`` calls
+    the model (``FrozenCasts``)."""
     if isinstance(model, GatedLM):
         return float(run(inputs, targets=targets)) * targets.numel()  # the mean over every target
     return float(_token_losses(run(inputs), targets).sum())

@@ -49,10 +49,10 @@ FEW_ROWS = 256  # products of 2..FEW_ROWS input rows (decoding steps) run as W @
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``. A bf16 product of 2 to :data:`FEW_ROWS` rows on a CPU,
     with no gradient asked, runs as ``(weight @ x^T)^T`` instead: oneDNN then streams the
-    weight as it lies rather than as the transposed operand of ``x @ weight^T``. A decoding
-    step's products on SmolLM2-135M (30 layers, 4 rows) took 18 ms that way against 25 ms,
-    the same at one row, and nothing gained from about 512 rows; in float32 the transposed
-    form is the slower one. The output is contiguous, as ``F.linear``'s."""
+    weight as it lies rather than as the transposed operand of ``x @ weight^T``, which is
+    faster for decoding-sized products (``docs/benchmarks/real-model.md``); at one row, from
+    about 512 rows and in float32 the plain form is as fast or faster. The output is
+    contiguous, as ``F.linear``'s."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (1 < rows <= FEW_ROWS and x.device.type == "cpu" and _compute_dtype(x) == torch.bfloat16
             and not torch.compiler.is_compiling() and not _needs_grad(x, weight, bias)):

@@ -153,9 +153,9 @@ def build_optimizer(model: nn.Module, cfg) -> Optimizers:
 def fusable(params: Iterable[torch.Tensor]) -> bool | None:
     """``fused=True`` for AdamW where its one-kernel step exists (floating-point parameters,
     all on the CPU or all on one CUDA device), else None (torch's default). On a CPU the
-    default steps parameter by parameter with about ten ops each: on SmolLM2-135M's 272
-    parameters the fused step took 0.09 s against 0.50 s (``docs/benchmarks/real-model.md``).
-    transformers' Trainer picks the fused AdamW too (``adamw_torch_fused``)."""
+    default steps parameter by parameter with about ten ops each, the fused step all of them
+    at once (``docs/benchmarks/real-model.md``). transformers' Trainer picks the fused AdamW
+    too (``adamw_torch_fused``)."""
     params = list(params)
     devices = {p.device for p in params}
     if not params or len(devices) != 1 or next(iter(devices)).type not in ("cpu", "cuda"):

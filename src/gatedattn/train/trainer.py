@@ -205,8 +205,7 @@ class Trainer:
         """The model run eagerly for the ``with`` body, its compiled call back after (the same
         compiled function, so nothing compiles again). The eval hook runs this way: an
         analysis watches the model through forward hooks and per-call Python (``argmax``,
-        ``int``), which a compiled call traces into its graph or breaks it on; on a CPU
-        with AVX2 kernels that gave an analysis an index of garbage."""
+        ``int``), which a compiled call traces into its graph or breaks it on."""
         saved = getattr(self.model, "_compiled_call_impl", None)
         self.model._compiled_call_impl = None
         try:
