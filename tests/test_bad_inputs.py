@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -123,7 +124,13 @@ def _outputs(root: Path, model: Path, copy) -> dict[str, Path]:
     foreign.mkdir()
     (foreign / "report.md").write_text("my own report")
     (foreign / "results.json").write_text("{}")
-    return dict(fifo=fifo, model_user_file=user_file, foreign_study=foreign)
+    (root / "to_stdout.json").symlink_to("/proc/self/fd/1")  # an output there would replace the link
+    other = root / "mechanism_study"  # another study's output, marker and all
+    other.mkdir()
+    (other / ".gatedattn-study").write_text('{"command": "reproduce", "study": "mechanism"}\n')
+    (other / "results.json").write_text('{"study": "mechanism"}')
+    (other / "report.md").write_text("the mechanism study's report")
+    return dict(fifo=fifo, model_user_file=user_file, foreign_study=foreign, other_study=other)
 
 
 def _rotate_merges(path: Path) -> None:
@@ -312,6 +319,8 @@ def train_cases(f):
         ("train garbage tokenizer", ["train", "--data", str(f["garbage_tok"]), "--out", out, *TRAIN_FAST]),
         ("train out under a file", ["train", "--data", d, "--out", str(f["file"] / "run"), *TRAIN_FAST]),
         ("train out is a file", ["train", "--data", d, "--out", str(f["file"]), *TRAIN_FAST]),
+        ("train out not UTF-8", ["train", "--data", d, "--out", os.fsdecode(os.fsencode(str(f["root"])) + b"/r\xff"),
+                                 *TRAIN_FAST]),
         ("train out not a run", ["train", "--data", d, "--out", str(f["nonempty"]), *TRAIN_FAST]),
         ("train out holds a run", ["train", "--data", d, "--out", str(f["run"]), *TRAIN_FAST]),
         ("train seq_len beyond data", [*base, "--set", "seq_len=100000"]),
@@ -544,6 +553,10 @@ def reproduce_cases(f):
         ("reproduce bad set value", [*base, "--set", "train.lr=-1"]),
         ("reproduce out holds the user's report", ["reproduce", "--quick", "--with-text", "--data", d, "--out",
                                                    str(f["foreign_study"])]),
+        ("reproduce out holds another study's output", ["reproduce", "--study", "pretrained", "--quick", "--out",
+                                                        str(f["other_study"])]),
+        ("reproduce seeds 1e9", ["reproduce", "--study", "pretrained", "--quick", "--seeds", str(10**9), "--out",
+                                 out]),
     ]
 
 
@@ -558,6 +571,8 @@ def misc_cases(f):
         ("bench out under a file", ["bench", "--quick", "--out", str(f["file"] / "bench.json")]),
         ("bench out is a model's tokenizer.json", ["bench", "--quick", "--out", str(f["model"] / "tokenizer.json")]),
         ("bench out is a FIFO", ["bench", "--quick", "--out", str(f["fifo"])]),
+        ("bench out links to stdout", ["bench", "--quick", "--out", str(f["root"] / "to_stdout.json")]),
+        ("bench out is /dev/stdout", ["bench", "--quick", "--out", "/dev/stdout"]),
         ("bench repeats 1e9", ["bench", "--quick", "--repeats", str(10**9)]),
         ("bench warmup 1e9", ["bench", "--quick", "--warmup", str(10**9)]),
     ]
@@ -632,6 +647,12 @@ def api_cases(f):
         ("forward 3-d ids", lambda: model(torch.zeros(1, 2, 3, dtype=torch.long))),
         ("forward 1-d ids", lambda: model(torch.zeros(3, dtype=torch.long))),
         ("forward float ids", lambda: model(torch.zeros(1, 3))),
+        ("generate 1e9 new tokens", lambda: model.generate(torch.zeros(1, 2, dtype=torch.long), 10**9)),
+        ("forward uint8 ids", lambda: model(torch.zeros(1, 3, dtype=torch.uint8))),
+        ("forward bool ids", lambda: model(torch.zeros(1, 3, dtype=torch.bool))),
+        ("load_model no such device", lambda: load_model(f["model"], device="nope")),
+        ("load_model cuda on a machine without", lambda: load_model(f["model"], device="cuda")
+         if not torch.cuda.is_available() else load_model(f["model"], device="nope")),
         ("forward id beyond vocab", lambda: model(torch.full((1, 3), vocab))),
         ("forward negative id", lambda: model(torch.full((1, 3), -1))),
         ("forward cache of another batch", cache_of_other_batch),
@@ -696,6 +717,8 @@ def attention_cases(model):
         ("Attention T 0", lambda: attn(torch.zeros(1, 0, d))),
         ("Attention int input", lambda: attn(torch.zeros(1, 3, d, dtype=torch.long))),
         ("Attention float64 input", lambda: attn(torch.zeros(1, 3, d, dtype=torch.float64))),
+        ("Attention bf16 input, fp32 weights", lambda: attn(torch.zeros(1, 3, d, dtype=torch.bfloat16))),
+        ("Attention fp16 input, fp32 weights", lambda: attn(torch.zeros(1, 3, d, dtype=torch.float16))),
         ("Attention complex input", lambda: attn(torch.zeros(1, 3, d, dtype=torch.complex64))),
         ("Attention a list", lambda: attn([[0.0] * d] * 3)),
         ("Attention 2-d input", lambda: attn(torch.zeros(3, d))),

@@ -21,12 +21,14 @@ class Interrupt:
 
 sys.meta_path.insert(0, Interrupt())
 sys.argv = ["gatedattn", *{argv!r}]
-from gatedattn.console import main
+from gatedattn_console import main
 sys.exit(main())
 """
 
 
-@pytest.mark.parametrize("module, argv", [("gatedattn.cli", ["variants"]),
+@pytest.mark.parametrize("module, argv", [("gatedattn", ["variants"]),  # the package itself, before all
+                                          ("gatedattn.infra.lazy", ["variants"]),
+                                          ("gatedattn.cli", ["variants"]),
                                           ("gatedattn.analysis.cli", ["analyze", "--help"])])
 def test_an_interrupt_while_the_command_line_imports_is_one_line_and_130(module, argv):
     r = subprocess.run([sys.executable, "-c", _INTERRUPTED_IMPORT.format(module=module, argv=argv)],
@@ -38,8 +40,12 @@ def test_an_interrupt_while_the_command_line_imports_is_one_line_and_130(module,
 
 def test_the_console_script_is_the_guarded_entry_and_importing_leaves_sigint_alone():
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
-    assert project["project"]["scripts"]["gatedattn"] == "gatedattn.console:main"
+    assert project["project"]["scripts"]["gatedattn"] == "gatedattn_console:main"
+    from importlib.metadata import entry_points
+
+    assert [e.value for e in entry_points(group="console_scripts", name="gatedattn")] == ["gatedattn_console:main"]
     before = signal.getsignal(signal.SIGINT)
     import gatedattn.console  # noqa: F401
+    import gatedattn_console  # noqa: F401
 
     assert signal.getsignal(signal.SIGINT) is before

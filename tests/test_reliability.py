@@ -117,7 +117,7 @@ def test_checksum_manifest_catches_one_flipped_bit(tmp_path):
     model = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=64))
     model.save_pretrained(tmp_path / "m")
     sums = json.loads((tmp_path / "m" / CHECKSUMS).read_text())
-    assert set(sums) == {"model.safetensors", "config.json"}
+    assert set(sums) == {"model.safetensors", "config.json", "generation_config.json"}
     path = tmp_path / "m" / "model.safetensors"
     clean = path.read_bytes()
     # every byte position class: header, first tensor, last tensor
@@ -333,6 +333,20 @@ def test_force_replaces_only_an_earlier_output(data_dir, tmp_path, capsys):
     assert main(["convert", "--from", str(_final(data_dir, tmp_path)), "--to", str(mine), "--force"]) == 2
     assert "not a model directory gatedattn wrote" in capsys.readouterr().err
     assert (mine / "notes.txt").read_text() == "keep me"
+    thesis = tmp_path / "thesis"  # a checksums.json of the user's own, listing the user's files
+    thesis.mkdir()
+    (thesis / "thesis.tex").write_text("years of work")
+    (thesis / CHECKSUMS).write_text(json.dumps({"thesis.tex": "0" * 64}))
+    assert main(["convert", "--from", str(_final(data_dir, tmp_path)), "--to", str(thesis), "--force"]) == 2
+    assert "not a model directory gatedattn wrote (no .gatedattn-output)" in capsys.readouterr().err
+    assert (thesis / "thesis.tex").read_text() == "years of work"
+    earlier = tmp_path / "converted"  # an earlier convert output ...
+    assert main(["convert", "--from", str(_final(data_dir, tmp_path)), "--to", str(earlier)]) == 0
+    (earlier / ".my-notes").write_text("hidden, but mine")  # ... with a dot-file of the user's in it
+    assert main(["convert", "--from", str(_final(data_dir, tmp_path)), "--to", str(earlier), "--force"]) == 2
+    assert "holds '.my-notes', which gatedattn did not write" in capsys.readouterr().err
+    (earlier / ".my-notes").unlink()
+    assert main(["convert", "--from", str(_final(data_dir, tmp_path)), "--to", str(earlier), "--force"]) == 0
     # an earlier data directory is replaced
     out = tmp_path / "data"
     prepare([str(texts)], out, vocab_size=300, progress=False)

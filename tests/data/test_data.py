@@ -193,6 +193,12 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[dict, str]]:
     bad_json.write_text('{"text": "fine"}\n{"text": \n')
     single = tmp / "single.txt"
     single.write_text("Only one document here.")
+    utf16 = tmp / "utf16.txt"
+    utf16.write_bytes("Text saved as UTF-16 without a BOM.".encode("utf-16-le"))
+    nuls = tmp / "nuls.txt"
+    nuls.write_bytes(bytes(5000))
+    nul_jsonl = tmp / "nul.jsonl"
+    nul_jsonl.write_bytes(b'{"text": "fine"}\n{"text": "a\x00b"}\n')
     no_special = tmp / "no_special.json"
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -210,6 +216,10 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[dict, str]]:
         "empty directory": ({"inputs": [empty_dir]}, "no .txt, .md, .jsonl or .parquet files"),
         "only blank files": ({"inputs": [blank_files]}, "all 1 .txt/.md files are empty"),
         "non-utf8 file": ({"inputs": [latin1]}, "bad.txt: not valid UTF-8 (byte 0xe9"),
+        "utf-16 without bom": ({"inputs": [utf16]}, "utf16.txt: holds a NUL byte at offset 1 (UTF-16 or UTF-32 "
+                                                     "without a BOM"),
+        "nul bytes": ({"inputs": [nuls]}, "nuls.txt: holds a NUL byte at offset 0"),
+        "nul in jsonl": ({"inputs": [nul_jsonl]}, "nul.jsonl:2: holds a NUL byte at offset 28"),
         "missing input": ({"inputs": [tmp / "nope"]}, "input not found"),
         "unsupported suffix": ({"inputs": [no_special]}, "unsupported input"),
         "jsonl without field": ({"inputs": [jsonl]}, "missing_field.jsonl:2: no field 'text'"),
@@ -226,7 +236,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[dict, str]]:
 
 
 BAD_CASES = [
-    "empty file", "empty directory", "only blank files", "non-utf8 file", "missing input",
+    "empty file", "empty directory", "only blank files", "non-utf8 file", "utf-16 without bom", "nul bytes",
+    "nul in jsonl", "missing input",
     "unsupported suffix", "jsonl without field", "invalid jsonl", "single document",
     "missing tokenizer", "tokenizer without bos/eos", "not a tokenizer", "out exists",
     "input twice", "bad vocab", "bad fraction",

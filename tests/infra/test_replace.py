@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gatedattn.infra import io
+from gatedattn.infra.errors import GatedAttnError
 
 
 def _dir(path: Path, text: str) -> Path:
@@ -117,3 +118,22 @@ def test_long_names_get_temporaries_within_the_name_limit(tmp_path, length):
     stale.mkdir()
     assert io.temporaries_of(target) == [stale]
     assert io.temporaries_of(tmp_path / name) == []  # a sibling with the same start is not confused with it
+
+
+def test_a_study_output_is_taken_only_by_the_study_that_wrote_it(tmp_path):
+    from gatedattn.infra.outputs import STUDY_MARKER, check_study_output, mark_study_output
+
+    out = tmp_path / "study"
+    out.mkdir()
+    mark_study_output(out, "reproduce", "mechanism")
+    (out / "report.md").write_text("the mechanism study's report")
+    check_study_output(out, "reproduce", "mechanism")  # its own study goes on
+    with pytest.raises(GatedAttnError, match=rf"--out {out} holds the output of --study mechanism, not --study "
+                                             r"pretrained; .* or give --study mechanism"):
+        check_study_output(out, "reproduce", "pretrained")
+    (out / STUDY_MARKER).write_text('{"command": "reproduce"}\n')  # a marker that names no study ...
+    (out / "results.json").write_text('{"study": "mechanism"}')  # ... falls back on its results
+    with pytest.raises(GatedAttnError, match="holds the output of --study mechanism"):
+        check_study_output(out, "reproduce", "pretrained")
+    (out / "results.json").unlink()
+    check_study_output(out, "reproduce", "pretrained")  # nothing says which: accepted as before

@@ -84,7 +84,8 @@ def test_window_core_with_full_causal_attention_is_the_model():
 
 
 def test_window_core_refuses_bad_arguments():
-    with pytest.raises(ValueError, match="window must be an int >= 0"):
-        WindowCore(-1)
+    for bad in (-1, 2**70, 1.5, True):  # 2**70 would overflow inside the mask
+        with pytest.raises(ValueError, match=r"window must be an int in \[0, 2\*\*62\)"):
+            WindowCore(bad)
     with pytest.raises(ValueError, match="first must be one of"):
         WindowCore(4, "left")

@@ -306,7 +306,9 @@ def test_learnable_sink_claim():
                                       (dict(beta2=1.0), r"beta2=1.0 must be < 1"),
                                       (dict(train_tokens=10), "train_tokens=10 must exceed seq_len"),
                                       (dict(embed_std=0.0), "embed_std=0.0 must be > 0"),
-                                      (dict(d_model=0), "d_model=0 must be > 0")])
+                                      (dict(d_model=0), "d_model=0 must be > 0"),
+                                      (dict(seeds=10**9), "seeds=1000000000 must be <= 1000"),
+                                      (dict(steps=10**12), "steps=1000000000000 must be <= 10000000")])
 def test_bad_mechanism_config(kw, match):
     with pytest.raises(ConfigError, match=match):
         MechanismConfig(**kw)

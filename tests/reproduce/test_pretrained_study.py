@@ -5,6 +5,7 @@ on tiny models (the bundled SmolLM2 in one slow test)."""
 import copy
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -369,6 +370,8 @@ def test_the_retrofit_claim_needs_the_sink_kept_in_every_data_order():
     ({"windows": (16, 300)}, "must be below seq_len=256"),
     ({"arms": ("sink", "lora")}, "arms='lora' is not allowed"),
     ({"steps": 0}, "steps=0 must be >"),
+    ({"seeds": 1_000_000_000}, "seeds=1000000000 must be <= 100"),  # bounded before work, not a run without end
+    ({"eval_windows": 10**7}, "eval_windows=10000000 must be <= 4096"),
     ({"streaming_len": 64, "windows": (16, 128)}, "streaming_len=64 must exceed"),
 ])
 def test_bad_config_is_one_line(fields, match):
@@ -376,7 +379,7 @@ def test_bad_config_is_one_line(fields, match):
         PretrainedConfig(**fields)
 
 
-def _tiny_model_dir(tmp_path, default_corpus_dir):
+def _tiny_model_dir(tmp_path, default_corpus_dir, name="tiny-lm"):
     """A micro model in the bundled corpus's tokenizer (random weights), saved as a model directory."""
     from tokenizers import Tokenizer
 
@@ -384,7 +387,7 @@ def _tiny_model_dir(tmp_path, default_corpus_dir):
     cfg = ModelConfig.from_preset("micro", "baseline", vocab_size=tok.get_vocab_size(),
                                   bos_token_id=tok.token_to_id("<|bos|>"))
     torch.manual_seed(0)
-    d = tmp_path / "tiny-lm"
+    d = tmp_path / name
     GatedLM(cfg).save_pretrained(d)
     shutil.copy(default_corpus_dir / "tokenizer.json", d / "tokenizer.json")
     (d / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "bos_token": "<|bos|>"}))
@@ -393,7 +396,7 @@ def _tiny_model_dir(tmp_path, default_corpus_dir):
 
 @pytest.mark.slow
 def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path, default_corpus_dir, monkeypatch):
-    model = _tiny_model_dir(tmp_path, default_corpus_dir)
+    model = _tiny_model_dir(tmp_path, default_corpus_dir, os.fsdecode(b"tiny-\xff-lm"))  # not UTF-8: still works
     out = tmp_path / "study"
     args = ["reproduce", "--study", "pretrained", "--quick", "--model", str(model), "--out", str(out), "-q",
             "--set", "truncate_layers=0", "--set", "arms=sink,gate-headwise,control", "--set", "continued_steps=2"]
@@ -403,6 +406,7 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
     first = part["model"]["first_token"]  # auto: the model's tokenizer_config.json says it adds its BOS
     assert first["mode"] == "bos" and "add_bos_token true" in first["why"] and part["window"] == 8
     assert "add_bos_token true" in (out / "report.md").read_text()
+    assert part["model"]["name"] == "tiny-\ufffd-lm" and "tiny-\ufffd-lm" in (out / "report.md").read_text()
     assert set(part["arms"]) == {"sink", "gate-headwise", "control"}
     for arm in part["arms"].values():
         assert len(arm["runs"]) == 1 and {DROPPED, KEPT, "steps", "paired_curve", "looks"} <= set(arm["runs"][0])
@@ -444,3 +448,42 @@ def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path
     again = json.loads((out / "pretrained.json").read_text())["stages"]
     changed = {name for name in again if again[name] != stages["stages"][name]}
     assert changed == {"arm/control/0", "load"}  # the model read again for it
+
+
+def test_stages_are_reused_only_for_the_same_model_content(tmp_path):
+    from gatedattn.reproduce.pretrained.study import Stages
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    cfg = PretrainedConfig.quick(model=str(model))
+    made = []
+
+    def make():
+        made.append(1)
+        return len(made)
+
+    path = tmp_path / "pretrained.json"
+    assert Stages(path, cfg, model).get("sink", "sink", make) == 1
+    assert Stages(path, cfg, model).get("sink", "sink", make) == 1  # the same file: reused
+    model.write_bytes(b"GGUF" + bytes(99) + b"\x01")  # another model under the same name and size
+    assert Stages(path, cfg, model).get("sink", "sink", make) == 2  # measured anew
+    os.utime(model, (1_000_000, 1_000_000))  # touched (copied, restored): the same bytes
+    assert Stages(path, cfg, model).get("sink", "sink", make) == 2  # hashed again, and reused
+
+
+def test_the_arm_curve_plot_draws_the_looks_the_rule_read_and_where_it_stopped(tmp_path, monkeypatch):
+    from gatedattn.reproduce.pretrained import plots as P
+
+    figures = []
+    monkeypatch.setattr(P, "save_figure", lambda fig, path: figures.append(fig) or path)
+    run = {DROPPED: {"curve": [4.0, 3.8, 3.7, 3.6]}, KEPT: {"curve": [3.5, 3.5, 3.4, 3.4]},
+           "paired_curve": [0.5, 0.3, 0.3, 0.2], "looks": [[0, 0.6], [2, 0.3], [4, 0.29]], "converged": True}
+    capped = {**run, "converged": False}
+    results = {"arms": {"sink": {"params": 243, "runs": [run, capped]}},
+               "untouched": {"kept": 3.4, "dropped": 4.1, "gap": 0.7}}
+    P.plot_arm_curves(results, tmp_path / "arms.png")
+    bottom = figures[0].axes[1]  # the paired row
+    looks = [line for line in bottom.lines if line.get_marker() == "."]
+    assert [list(line.get_xdata()) for line in looks] == [[0, 2, 4]] * 2  # the looks of each order
+    stops = [(line.get_marker(), list(line.get_xdata())) for line in bottom.lines if line.get_marker() in ("x", "o")]
+    assert stops == [("x", [4]), ("o", [4])]  # stopped by the rule, then at the cap

@@ -167,6 +167,18 @@ def test_retrofit_keeps_the_first_loss_and_trainable_gates_change_only_gates(dat
     assert config["model"]["attention"]["gate"] is not None and config["train"]["trainable"] == ["gates"]
 
 
+def test_a_retrofitted_sink_trains(data_dir, data, model_dir, tmp_path, monkeypatch):  # noqa: F811
+    run = tmp_path / "sink"
+    assert cli(argv(model_dir, data_dir, run, "--variant", "sink", "--trainable", "sink"), monkeypatch) == 0
+    start = add_gates(load_model(model_dir), "sink", init="identity").state_dict()
+    after = weights(run / "final")
+    sinks = [n for n in start if n.endswith(".attn.sink")]
+    assert sinks and all(start[n].max() > -20 for n in sinks)  # a finite start, not -30
+    moved = min((after[n] - start[n]).abs().max().item() for n in sinks)
+    assert moved > 1e-4  # every layer's sink moved (at -30 its gradient, ~1e-16, moved nothing)
+    assert {n for n in start if not torch.equal(start[n], after[n])} == set(sinks)
+
+
 def test_frozen_parameters_get_no_gradient_and_no_optimizer_state(data_dir, data, model_dir, tmp_path):  # noqa: F811
     cfg = init_cfg(data_dir, tmp_path / "mem", model_dir, variant="hyga-sink", trainable=("sink", "blocks.*.attn.o_proj.*"))
     trainer = Trainer(cfg, data)  # in memory: loads and retrofits the model itself

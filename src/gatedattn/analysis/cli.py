@@ -39,6 +39,7 @@ from gatedattn.analysis.windows import (document_windows, model_tokenizer, parse
                                         val_documents)
 from gatedattn.data import TokenData
 from gatedattn.hf.load import load_config, verify_model_dir
+from gatedattn.hf.load import model_tokenizer as hf_model_tokenizer
 from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.inputs import check_input, input_options
@@ -173,17 +174,27 @@ def _check_extrapolation_memory(args: argparse.Namespace, cfg, device) -> None:
     check_memory("the extrapolation", forward_bytes(cfg, args.batch_size, longest), options, device)
 
 
-def _check_same_tokenizer(model_dir: Path, data, force: bool) -> None:
-    """The model's ``tokenizer.json`` (when it has one) must tokenize like the data's:
-    same vocabulary, merges and added tokens. ``--force`` skips the check."""
-    mine = model_dir / "tokenizer.json"
-    if force or not mine.is_file():
+def _check_same_tokenizer(model: Path, data, force: bool) -> None:
+    """The model's tokenizer (a directory's ``tokenizer.json`` or a GGUF file's own), when it
+    has one, must tokenize like the data's: same vocabulary, merges and added tokens.
+    ``--force`` skips the check."""
+    if force:
         return
     theirs = data.data_dir / data.manifest.tokenizer_file
-    if tokenizer_fingerprint(mine) != tokenizer_fingerprint(theirs):
-        raise GatedAttnError(f"{theirs} is not the tokenizer the model was trained with ({mine}); the token ids "
-                             f"would mean other text. Use data prepared with it (data prepare --tokenizer {mine}), "
-                             f"or pass --force")
+    mine = model / "tokenizer.json"
+    if model.is_dir() and mine.is_file():
+        same, shown_as = tokenizer_fingerprint(mine) == tokenizer_fingerprint(theirs), mine
+    else:
+        tokenizer = hf_model_tokenizer(model)  # a GGUF file's embedded tokenizer; None: the model has none
+        if tokenizer is None:
+            return
+        same, shown_as = tokenizer_fingerprint(tokenizer) == tokenizer_fingerprint(theirs), f"the one inside {model}"
+        if not same:
+            mine_size, their_size = tokenizer.get_vocab_size(), data.tokenizer().get_vocab_size()
+            shown_as = f"{shown_as}, {mine_size} tokens; the data's has {their_size}"
+    if not same:
+        raise GatedAttnError(f"{theirs} is not the tokenizer the model was trained with ({shown_as}); the token ids "
+                             f"would mean other text. Use data prepared with the model's tokenizer, or pass --force")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -133,7 +133,17 @@ def _decode_utf8(data: bytes, where: str | os.PathLike) -> str:
             f"{where}: not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
             "convert the file to UTF-8"
         ) from None
+    _refuse_nul(data, where)
     return text.removeprefix("\ufeff")
+
+
+def _refuse_nul(data: bytes, where: str | os.PathLike, offset: int = 0) -> None:
+    """Text holds no NUL byte: one means UTF-16 or UTF-32 without a BOM (every other or
+    every fourth byte of ASCII text is 0), or a binary file."""
+    at = data.find(b"\0")
+    if at >= 0:
+        raise GatedAttnError(f"{where}: holds a NUL byte at offset {offset + at} (UTF-16 or UTF-32 without a BOM, "
+                             f"or not text); convert the file to UTF-8")
 
 
 def _hidden(rel: Path) -> bool:
@@ -256,6 +266,7 @@ def _jsonl_records(path: Path, text_field: str, source: str, on_bytes: OnBytes) 
                     f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {offset + e.start}); "
                     "convert the file to UTF-8"
                 ) from None
+            _refuse_nul(raw, f"{path}:{lineno}", offset)
             offset += len(raw)
             if lineno == 1:
                 line = line.removeprefix("\ufeff")

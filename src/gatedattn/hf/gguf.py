@@ -181,7 +181,7 @@ def _parse(path: Path, buf) -> Header:
         dims = [cur.take("<Q") for _ in range(cur.take("<I"))]
         type_id, offset = cur.take("<I"), cur.take("<Q")
         entries.append((name, tuple(reversed(dims)), type_id, offset))
-    alignment = metadata.get("general.alignment", 32)
+    alignment = _alignment(path, metadata.get("general.alignment", 32))
     data_start = -(-cur.pos // alignment) * alignment
     tensors = []
     for name, shape, type_id, offset in entries:
@@ -195,12 +195,23 @@ def _parse(path: Path, buf) -> Header:
             raise GatedAttnError(f"{path} is corrupt: tensor {name!r} of shape {shape} does not divide into "
                                  f"{kind.name} blocks of {block}")
         nbytes = prod(shape) // block * size
+        if offset % alignment:
+            raise GatedAttnError(f"{path} is corrupt: tensor {name!r} starts at data offset {offset}, which is not a "
+                                 f"multiple of general.alignment={alignment}")
         end = data_start + offset + nbytes
         if end > len(buf):
             raise GatedAttnError(f"{path} is truncated: tensor {name!r} ends at byte {end} but the file has "
                                  f"{len(buf)} bytes")
         tensors.append(TensorInfo(name, shape, kind.name, nbytes))
     return Header(path, metadata, tuple(tensors))
+
+
+def _alignment(path: Path, value: Any) -> int:
+    """``general.alignment``: a positive power of two (GGUF's rule), else refused naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value & (value - 1):
+        raise GatedAttnError(f"{path} is corrupt: general.alignment={value!r} must be a positive power of two "
+                             f"(default 32)")
+    return value
 
 
 def supported_types() -> tuple[str, ...]:

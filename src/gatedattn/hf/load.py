@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 from gatedattn.layers.config import AttentionConfig, GateConfig, RopeConfig
+from gatedattn.infra.device import model_device
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.hf.checkpoint import DictTensorSource, TensorSource, read_config
 from gatedattn.hf.layouts import join_grouped, join_interleaved, split_grouped, split_interleaved
@@ -467,7 +468,8 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
     """Load any supported checkpoint directory, or a GGUF file (``gatedattn.hf.gguf``), as a
     ``GatedLM`` (float32 unless ``dtype``), verified first (:func:`verify_model_dir`); weights
     that are not floating point or hold NaN or infinity are refused, as is a model too large
-    for the device's memory."""
+    for the device's memory, and a ``device`` this machine does not have."""
+    device = model_device(str(device))  # "nope", or "cuda" on a CPU build: one line, before anything is read
     recover_missing(directory)  # a killed replace's previous copy is put back first
     gguf = _gguf(directory)
     if gguf is not None:

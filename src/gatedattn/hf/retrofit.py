@@ -15,9 +15,15 @@ is a power of two and to float rounding otherwise. The gates start in their
 responsive range (sigmoid slope 1/4), not saturated, so they train from the first
 step. Gates whose score is 0 at logit 0 (SiLU or identity activation, multiplied)
 get a bias (``GateConfig.bias=True``) set so that the score is 1. Additive gates
-(``Y + SiLU(logit)``) are exact with zero logits. A newly added sink starts at
-``sink_logit`` (default -30): its probability ``sigmoid(sink_logit - lse)`` is the
-only residual error (about 1e-13 relative), and its gradient is as small.
+(``Y + SiLU(logit)``) are exact with zero logits.
+
+A newly added sink starts absent but trainable: in each head, where it takes at most
+``SINK_SHARE`` (1e-3) of any query's attention, measured on ``calibration`` ids (default:
+a fixed draw of random tokens; :func:`sink_starts`). Its probability is the only residual
+error (at most about 1e-3 relative, far less at most queries), and its gradient is large
+enough for Adam to move it (a sink started far below every head's scores, e.g. at -30, is exact to 1e-13
+but its gradient, about 1e-16, is below Adam's epsilon: it never trains). A given
+``sink_logit`` starts every head there instead.
 
 ``init="random"`` initialises the new parameters as ``GatedLM`` does for a fresh
 model (Normal(0, init_std) weights, zero biases, static logits and sink), which does
@@ -27,6 +33,7 @@ not keep the model's function.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -38,6 +45,8 @@ from gatedattn.models.lm import GatedLM
 from gatedattn.layers.variants import get_variant
 
 INITS = ("identity", "random")
+SINK_SHARE = 1e-3  # a retrofitted sink's start: at most this share of any calibration query's attention
+CALIBRATION_SEED, CALIBRATION_SHAPE = 0, (2, 64)  # the default draw of random token ids
 # the linear map whose output (g2-g4) or input (g1, g5) the gate scales
 _COMPENSATE = {"g1": "o_proj", "g5": "o_proj", "g2": "qkv.v_proj", "g3": "qkv.k_proj", "g4": "qkv.q_proj"}
 
@@ -75,10 +84,57 @@ def _init_random(attn: Attention, new_names: set[str], init_std: float) -> None:
         attn.sink.zero_()
 
 
+class _LseCore(nn.Module):
+    """A core that records, per head, the least logsumexp of a query's causal scores (how
+    much attention mass a sink logit competes with, where it competes with least), then
+    attends as ``core``."""
+
+    def __init__(self, core: nn.Module, sums: list[torch.Tensor]):
+        super().__init__()
+        self.core, self.sums = core, sums
+
+    def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None, **kw):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        kk = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).float()
+        scores = (q.float() @ kk.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
+        tq, tk = scores.shape[-2:]
+        future = torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(q_offset + 1)
+        lse = scores.masked_fill(future, float("-inf")).logsumexp(-1)  # (B, H, Tq)
+        self.sums.append(lse.double().amin((0, 2)))
+        return self.core(q, k, v, sink, q_offset=q_offset, scale=scale, **kw)
+
+
 @torch.no_grad()
-def _init_identity(attn: Attention, new_names: set[str], init_std: float, sink_logit: float) -> None:
+def sink_starts(model: GatedLM, calibration: torch.Tensor | None = None,
+                share: float = SINK_SHARE) -> list[torch.Tensor]:
+    """Per layer, the logit (H,) at which a sink takes at most ``share`` of any query's
+    attention in each head: log(share) + the head's least logsumexp of a query's causal
+    scores over ``calibration`` (token ids (B, T); default a fixed draw of random ids)."""
+    if calibration is None:
+        shape = (CALIBRATION_SHAPE[0], min(CALIBRATION_SHAPE[1], model.cfg.max_seq_len))
+        calibration = torch.randint(0, model.cfg.vocab_size, shape,
+                                    generator=torch.Generator().manual_seed(CALIBRATION_SEED))
+    if calibration.dtype not in (torch.int32, torch.int64) or calibration.dim() != 2:
+        raise GatedAttnError(f"calibration must be integer token ids of shape (batch, seq_len), got "
+                             f"{calibration.dtype} of shape {tuple(calibration.shape)}")
+    sums: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+    saved = [b.attn.core for b in model.blocks]
+    was_training = model.training
+    try:
+        for block, acc in zip(model.blocks, sums):
+            block.attn.core = _LseCore(block.attn.core, acc)
+        model.eval()(calibration.to(model.embed.weight.device))
+    finally:
+        for block, core in zip(model.blocks, saved):
+            block.attn.core = core
+        model.train(was_training)
+    return [torch.stack(acc).amin(0).float() + math.log(share) for acc in sums]
+
+
+@torch.no_grad()
+def _init_identity(attn: Attention, new_names: set[str], init_std: float, sink_logit: float | torch.Tensor) -> None:
     if "sink" in new_names:
-        attn.sink.fill_(sink_logit)
+        attn.sink.copy_(torch.as_tensor(sink_logit, dtype=attn.sink.dtype).expand_as(attn.sink))
     if attn.gate is None:
         return
     attn.gate.init_identity(init_std)
@@ -107,14 +163,22 @@ def _compensate(attn: Attention) -> None:
         linear.bias.div_(scale)
 
 
-def add_gates(model: GatedLM, variant: str, init: str = "identity", *, sink_logit: float = -30.0) -> GatedLM:
+def add_gates(model: GatedLM, variant: str, init: str = "identity", *, sink_logit: float | None = None,
+              calibration: torch.Tensor | None = None) -> GatedLM:
     """Add the gate (and/or sink) of preset ``variant`` to every attention layer of
-    ``model`` in place; returns ``model``. See the module docstring for ``init``."""
+    ``model`` in place; returns ``model``. See the module docstring for ``init``, and for
+    where a new sink starts (``sink_logit`` for every head, else measured on
+    ``calibration`` token ids by :func:`sink_starts`)."""
     if init not in INITS:
         raise GatedAttnError(f"init={init!r} is not allowed; choose one of {', '.join(INITS)}")
+    if sink_logit is not None and not (isinstance(sink_logit, (int, float)) and math.isfinite(sink_logit)):
+        raise GatedAttnError(f"sink_logit={sink_logit!r} must be a finite number (or None: measured)")
     old_cfg = model.cfg.attention
     new_cfg = _new_attention_config(old_cfg, variant, init)
-    for block in model.blocks:
+    starts = None
+    if init == "identity" and new_cfg.sink and not old_cfg.sink and sink_logit is None:
+        starts = sink_starts(model, calibration)  # measured on the model as it is, before any layer changes
+    for i, block in enumerate(model.blocks):
         old: Attention = block.attn
         like = old.o_proj.weight
         new = Attention(new_cfg)
@@ -125,7 +189,8 @@ def add_gates(model: GatedLM, variant: str, init: str = "identity", *, sink_logi
         if init == "random":
             _init_random(new, new_names, model.cfg.init_std)
         else:
-            _init_identity(new, new_names, model.cfg.init_std, sink_logit)
+            _init_identity(new, new_names, model.cfg.init_std, starts[i] if starts is not None else
+                           (sink_logit if sink_logit is not None else 0.0))
         block.attn = new.to(device=like.device, dtype=like.dtype).train(old.training)
     model.cfg = model.cfg.replace(attention=new_cfg, variant=variant)
     return model

@@ -6,6 +6,12 @@ import math
 from typing import Any
 
 
+def shown(text: str) -> str:
+    """A file name as text a report, a plot or a terminal can hold: bytes that are not
+    UTF-8 (kept by the file system as surrogate escapes) become U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def fmt_value(x: Any, spec: str = ".4f", missing: str = "–") -> str:
     """``format(x, spec)``; ``missing`` for None, ``nan`` / ``inf`` for non-finite floats."""
     if x is None:

@@ -27,16 +27,17 @@ from gatedattn.infra.sizes import check_budget_minutes
 
 @contextlib.contextmanager
 def study_output(out_dir: str | os.PathLike, *, budget_minutes: float | None = None,
-                 command: str = "reproduce", budget_flag: str = "--budget-minutes") -> Iterator[None]:
-    """Check ``budget_minutes`` and ``out_dir``, then hold ``out_dir``'s lock and turn
-    signals into one-line errors while inside."""
+                 command: str = "reproduce", budget_flag: str = "--budget-minutes",
+                 study: str | None = None) -> Iterator[None]:
+    """Check ``budget_minutes`` and ``out_dir`` (another ``study``'s output is refused),
+    then hold ``out_dir``'s lock and turn signals into one-line errors while inside."""
     check_budget_minutes(budget_minutes, budget_flag)
-    check_study_output(out_dir, command)  # a directory of the user's own files is never written into
+    check_study_output(out_dir, command, study)  # a directory of the user's own files is never written into
     stopped = (f"stopped; the finished runs and analyses in {out_dir} are kept; run the same command again "
                f"to continue")
     lock = DirLock(out_dir, f"{command} --out")
     with lock, interruptible(stopped):
-        mark_study_output(out_dir, command)
+        mark_study_output(out_dir, command, study)
         try:
             yield
         except BaseException:

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.io import atomic_dir, atomic_write, atomic_write_text, loads_json
+from gatedattn.infra.outputs import mark_output
 
 CHECKSUMS = "checksums.json"
 _CHUNK = 1 << 22
@@ -37,6 +38,31 @@ def sha256_file(path: str | os.PathLike) -> str:
         while block := f.read(_CHUNK):
             h.update(block)
     return h.hexdigest()
+
+
+def _files_of(path: Path) -> list[Path]:
+    """``path`` itself, or a directory's regular, non-hidden files (recursively, sorted)."""
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".")
+                                                                        for part in p.relative_to(path).parts))
+
+
+def content_id(path: str | os.PathLike, known: dict | None = None) -> dict[str, Any]:
+    """What a file or a directory (a model) holds: ``sha256`` over its files' names and
+    contents, and ``stat`` (names, sizes, modification times), which only spares the
+    hashing where it equals ``known``'s (an earlier ``content_id`` of the same path). A
+    model swapped in place changes ``sha256`` whatever its name, size or time."""
+    path = Path(path)
+    files = _files_of(path)
+    stat = [[str(f.relative_to(path)) if f != path else f.name, f.stat().st_size, f.stat().st_mtime_ns]
+            for f in files]
+    if known and known.get("stat") == stat and isinstance(known.get("sha256"), str):
+        return {"stat": stat, "sha256": known["sha256"]}
+    h = hashlib.sha256()
+    for (name, _, _), f in zip(stat, files):
+        h.update(name.encode("utf-8", "surrogateescape") + b"\0" + bytes.fromhex(sha256_file(f)))
+    return {"stat": stat, "sha256": h.hexdigest()}
 
 
 def _manifest(directory: Path) -> dict[str, str]:
@@ -145,9 +171,12 @@ def check_finite(tensors: dict[str, Any], source: Any) -> None:
                                  f"the weights are damaged or diverged")
 
 
-def tokenizer_fingerprint(path: str | os.PathLike) -> str:
-    """The sha256 of a ``tokenizer.json``'s model (type, vocabulary, merges) and added tokens,
-    so two files that tokenize alike match whatever their formatting."""
+def tokenizer_fingerprint(path: Any) -> str:
+    """The sha256 of a tokenizer's model (type, vocabulary, merges) and added tokens, so two
+    tokenizers that tokenize alike match whatever their formatting: ``path`` a
+    ``tokenizer.json`` or a loaded ``tokenizers.Tokenizer`` (a GGUF file's, say)."""
+    if hasattr(path, "to_str"):
+        return _fingerprint(json.loads(path.to_str()))
     path = Path(path)
     if not path.is_file():
         raise GatedAttnError(f"{path}: missing")
@@ -157,8 +186,15 @@ def tokenizer_fingerprint(path: str | os.PathLike) -> str:
         raise GatedAttnError(f"{e} (not a valid tokenizer.json)") from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise GatedAttnError(f"{path} is not a tokenizer.json: it has no 'model' object")
+    return _fingerprint(data)
+
+
+def _fingerprint(data: dict) -> str:
     model = data["model"]
-    key = {"type": model.get("type"), "vocab": model.get("vocab"), "merges": model.get("merges"),
+    merges = model.get("merges")  # "a b" strings (older files) or [a, b] pairs (newer): one form
+    if isinstance(merges, list):
+        merges = [" ".join(m) if isinstance(m, list) else m for m in merges]
+    key = {"type": model.get("type"), "vocab": model.get("vocab"), "merges": merges,
            "added_tokens": [(t.get("id"), t.get("content")) for t in data.get("added_tokens") or []
                             if isinstance(t, dict)]}
     return hashlib.sha256(json.dumps(key, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
@@ -172,8 +208,8 @@ def check_tokenizer(path: str | os.PathLike, vocab_size: int | None = None, what
     path = Path(path)
     if not path.is_file():
         raise GatedAttnError(f"{what} {path}: missing")
-    try:
-        tok = Tokenizer.from_file(str(path))
+    try:  # from its text: a path that is not UTF-8 cannot cross into the Rust reader
+        tok = Tokenizer.from_str(path.read_bytes().decode("utf-8"))
     except Exception as e:  # the Rust error text is the useful part
         raise GatedAttnError(f"{what} {path} is not a valid tokenizer.json "
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
@@ -238,6 +274,9 @@ def atomic_model_dir(target: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         if target.is_dir():
             _carry_over(target, tmp)
+        mark_output(tmp)
+
+
 
 
 # a model's weights, one file or shards with their index: always written anew, never carried over

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from gatedattn.infra.errors import GatedAttnError, Interrupted
+from gatedattn.infra.fmt import shown
 
 
 def current_umask() -> int:
@@ -667,6 +668,11 @@ def check_writable(path: str | os.PathLike, what: str, *, kind: str = "file", re
     ``what`` (the option, e.g. ``--out``) and the path. Creates nothing."""
     if os.fspath(path) == "":
         raise GatedAttnError(f"{what}: an empty path; give a path")
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept as surrogates: no report or JSON could name the output
+        raise GatedAttnError(f"{what} {shown(os.fspath(path))}: the path is not valid UTF-8; choose a UTF-8 "
+                             f"path") from None
     path = Path(path)
     recover_missing(path)
     if path.exists() or path.is_symlink():

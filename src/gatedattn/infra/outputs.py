@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Iterable
 
@@ -30,6 +31,23 @@ DATA_FILES = ("manifest.json", "tokenizer.json", "train.bin", "val.bin")
 RUN_FILES = ("config.json", "code_version", "env.json", "metrics.jsonl", "metrics.csv", "summary.json")
 CHECKPOINT_FILES = ("trainer_state.pt", "checkpoint.json")
 STUDY_MARKER = ".gatedattn-study"
+OUTPUT_MARKER = ".gatedattn-output"  # in every model directory the project writes; what --force may replace
+
+
+def mark_output(directory: str | os.PathLike) -> None:
+    """Sign ``directory`` as written by gatedattn: :data:`OUTPUT_MARKER` with a random
+    token (a ``checksums.json`` alone could be anyone's)."""
+    atomic_write_text(Path(directory) / OUTPUT_MARKER,
+                      json.dumps({"written_by": "gatedattn", "token": secrets.token_hex(16)}) + "\n")
+
+
+def is_marked_output(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds the marker :func:`mark_output` writes."""
+    try:
+        data = json.loads((Path(directory) / OUTPUT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("written_by") == "gatedattn" and isinstance(data.get("token"), str)
 
 
 def special_kind(path: str | os.PathLike) -> str | None:
@@ -38,6 +56,24 @@ def special_kind(path: str | os.PathLike) -> str | None:
         return mode_kind(os.stat(path).st_mode)
     except OSError:
         return None
+
+
+_SPECIAL_TREES = ("/proc/", "/dev/", "/sys/")
+
+
+def _special_link(path: str | os.PathLike) -> str | None:
+    """``"a link to a special file (T)"`` where a hop of the link chain at ``path`` is under
+    /proc, /dev or /sys (``/dev/stdout``, ``/proc/self/fd/1``: writing the output there
+    would replace the link, not reach the stream), else None."""
+    hop = Path(path)
+    for _ in range(40):
+        if not hop.is_symlink():
+            return None
+        target = Path(os.path.normpath(hop.parent / os.readlink(hop)))
+        if str(target).startswith(_SPECIAL_TREES) or str(hop.absolute()).startswith(_SPECIAL_TREES):
+            return f"a link to a special file ({target})"
+        hop = target
+    return None
 
 
 def _listed(directory: Path) -> dict[str, str]:
@@ -73,7 +109,7 @@ def check_file_output(path: str | os.PathLike, what: str,
     ``inputs``, is not a device, FIFO or socket, and replaces no file another gatedattn
     output depends on."""
     path = check_writable(path, what)
-    kind = special_kind(path)
+    kind = special_kind(path) or _special_link(path)
     if kind is not None:
         raise GatedAttnError(f"{what} {path} is {kind}, not a regular file; an output must be a regular file "
                              f"(choose a file name)")
@@ -87,9 +123,12 @@ def check_file_output(path: str | os.PathLike, what: str,
 
 
 def _foreign_files(out: Path) -> list[str]:
+    """The entries of ``out`` its manifest does not list, hidden ones included (the project's
+    own lock, marker and temporaries aside)."""
     listed = _listed(out)
     return sorted(p.name for p in out.iterdir()
-                  if p.name not in listed and p.name not in (CHECKSUMS, LOCK_FILE) and not p.name.startswith("."))
+                  if p.name not in listed and p.name not in (CHECKSUMS, LOCK_FILE, OUTPUT_MARKER)
+                  and not (p.name.startswith(".") and p.name.endswith((".tmp", ".old"))))
 
 
 def check_model_output(out: str | os.PathLike, what: str, kind: str = "model directory") -> None:
@@ -108,8 +147,9 @@ def check_model_output(out: str | os.PathLike, what: str, kind: str = "model dir
             (run / "checkpoints").is_dir() or (run / "code_version").is_file()):
         raise GatedAttnError(f"{what} {out} is the final model of the run {run}; --force never replaces it "
                              f"(choose a new directory)")
-    if not (real / CHECKSUMS).is_file():
-        raise GatedAttnError(f"{what} {out} is not empty and is not a {kind} gatedattn wrote (no {CHECKSUMS}); "
+    if not (real / CHECKSUMS).is_file() or not is_marked_output(real):
+        missing = CHECKSUMS if not (real / CHECKSUMS).is_file() else OUTPUT_MARKER
+        raise GatedAttnError(f"{what} {out} is not empty and is not a {kind} gatedattn wrote (no {missing}); "
                              f"--force replaces only such an output: choose a new or empty directory")
     foreign = _foreign_files(real)
     if foreign:
@@ -136,16 +176,35 @@ def _holds_anything(out: Path) -> bool:
                and not (p.name.startswith(".") and p.name.endswith((".tmp", ".old"))) for p in out.iterdir())
 
 
-def check_study_output(out: str | os.PathLike, command: str) -> None:
+def check_study_output(out: str | os.PathLike, command: str, study: str | None = None) -> None:
     """A study's ``--out``: absent, empty, or one a gatedattn study wrote (it holds
-    :data:`STUDY_MARKER`); a directory of the user's own files (a ``report.md`` of theirs)
+    :data:`STUDY_MARKER`) and, where ``study`` is named, that same study (its marker, or
+    for a marker written before markers named their study, its ``results.json``); a
+    directory of the user's own files (a ``report.md`` of theirs) or another study's output
     is refused before anything is written."""
     out = Path(out)
     check_writable(out, "--out", kind="dir")
-    if not out.is_dir() or not _holds_anything(out) or (out / STUDY_MARKER).is_file():
+    if not out.is_dir() or not _holds_anything(out):
         return
-    raise GatedAttnError(f"--out {out} is not empty and is not a {command} output (no {STUDY_MARKER}); its files "
-                         f"would be overwritten: choose a new or empty directory")
+    if not (out / STUDY_MARKER).is_file():
+        raise GatedAttnError(f"--out {out} is not empty and is not a {command} output (no {STUDY_MARKER}); its "
+                             f"files would be overwritten: choose a new or empty directory")
+    wrote = _study_of(out)
+    if study is not None and wrote is not None and wrote != study:
+        raise GatedAttnError(f"--out {out} holds the output of --study {wrote}, not --study {study}; its files "
+                             f"would be overwritten: choose a new or empty directory, or give --study {wrote}")
+
+
+def _study_of(out: Path) -> str | None:
+    """The study that wrote ``out``: its marker's, else its results.json's (None: unknown)."""
+    for name, key in ((STUDY_MARKER, "study"), ("results.json", "study")):
+        try:
+            value = json.loads((out / name).read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def unmark_study_output(out: str | os.PathLike) -> None:
@@ -156,8 +215,8 @@ def unmark_study_output(out: str | os.PathLike) -> None:
         (out / STUDY_MARKER).unlink()
 
 
-def mark_study_output(out: str | os.PathLike, command: str) -> None:
-    """Record in ``out`` that ``command`` writes it (before its first result)."""
+def mark_study_output(out: str | os.PathLike, command: str, study: str | None = None) -> None:
+    """Record in ``out`` that ``command`` (``study``) writes it (before its first result)."""
     marker = Path(out) / STUDY_MARKER
     if not marker.is_file():
-        atomic_write_text(marker, json.dumps({"command": command}) + "\n")
+        atomic_write_text(marker, json.dumps({"command": command, **({"study": study} if study else {})}) + "\n")

@@ -20,6 +20,7 @@ import torch
 
 import gatedattn
 from gatedattn import __version__
+from gatedattn.infra.fmt import shown
 
 
 def code_version() -> dict[str, Any]:
@@ -68,7 +69,7 @@ def run_meta(command: str, started: float) -> dict[str, Any]:
     """The provenance of a study's results: ``command``, machine, software, code version,
     start (UTC) and minutes since ``started`` (a ``time.time()``)."""
     return {
-        "command": command,
+        "command": shown(command),
         "machine": machine_description(),
         "python": platform.python_version(),
         "torch": torch.__version__,

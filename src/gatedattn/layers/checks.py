@@ -47,9 +47,11 @@ def _check_x(cfg: Any, x: Any, weight_dtype: torch.dtype) -> None:
         raise GatedAttnError(f"Attention.forward: x has shape {tuple(x.shape)}; allowed: (B, T, d_model={cfg.d_model})")
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise GatedAttnError(f"Attention.forward: x has shape {tuple(x.shape)}; B and T must be at least 1")
-    if x.dtype != weight_dtype and x.dtype not in ACTIVATION_DTYPES:
+    if x.dtype != weight_dtype and not (_autocasting() and x.dtype in ACTIVATION_DTYPES):
         allowed = ", ".join(dict.fromkeys(_dtype(d) for d in (weight_dtype, *ACTIVATION_DTYPES)))
-        raise GatedAttnError(f"Attention.forward: x has dtype {_dtype(x.dtype)}; allowed: {allowed}")
+        raise GatedAttnError(f"Attention.forward: x has dtype {_dtype(x.dtype)} and the layer's weights "
+                             f"{_dtype(weight_dtype)}; allowed: {_dtype(weight_dtype)} (or, under torch.autocast, "
+                             f"{allowed}): cast x or the layer")
 
 
 def _check_positions(positions: Any, B: int, T: int, shape: tuple) -> None:

@@ -46,8 +46,8 @@ class WindowCore(nn.Module):
 
     def __init__(self, window: int = 0, first: str = "free"):
         super().__init__()
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise ValueError(f"window must be an int >= 0 (0: full causal attention), got {window!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window < 2**62:
+            raise ValueError(f"window must be an int in [0, 2**62) (0: full causal attention), got {window!r}")
         if first not in FIRST_MODES:
             raise ValueError(f"first must be one of {', '.join(FIRST_MODES)}, got {first!r}")
         self.window, self.first = window, first

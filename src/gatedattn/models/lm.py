@@ -40,13 +40,14 @@ from gatedattn.layers.norm import RMSNorm
 from gatedattn.layers.packing import apply_linear, packed_linear
 from gatedattn.layers.rope import RopeTables
 from gatedattn.infra.settings import build, check_options, option
-from gatedattn.infra.sizes import check_model_limits, check_model_size
+from gatedattn.infra.sizes import check_memory, check_model_limits, check_model_size, kv_cache_bytes_per_token
 from gatedattn.layers.variants import get_variant
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.shards import read_weights, write_weights
 from gatedattn.ops.lm_loss import linear_cross_entropy
 
 CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 WEIGHTS_FILE = "model.safetensors"
 MODEL_TYPE = "gatedattn"
 # config.json keys that describe the file, not the model
@@ -259,8 +260,8 @@ class GatedLM(nn.Module):
                 owned.update(id(m) for m in module.modules())
             elif isinstance(module, nn.Embedding) or (isinstance(module, nn.Linear) and name == "lm_head"
                                                        and self.cfg.tie_embeddings):
-                # a tied head is the token embedding, drawn again (as it always was, so that seeds
-                # give the same weights as before embed_std existed)
+                # a tied head is the token embedding, drawn again: the extra draw keeps every
+                # later weight's place in the random stream (a seed gives the same model)
                 nn.init.normal_(module.weight, 0.0, embed_std)
             elif isinstance(module, nn.Linear):
                 std = residual_std if name.endswith(("o_proj", "down_proj")) else self.cfg.init_std
@@ -293,9 +294,10 @@ class GatedLM(nn.Module):
         return B, T
 
     def _check_ids(self, ids: torch.Tensor) -> tuple[int, int]:
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.is_complex():
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
             what = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
-            raise GatedAttnError(f"GatedLM input must be integer token ids of shape (batch, time), got {what}")
+            raise GatedAttnError(f"GatedLM input must be integer token ids (torch.int64 or torch.int32) of shape "
+                                 f"(batch, time), got {what}")
         if not torch.compiler.is_compiling() and ids.device.type == "cpu" and ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.cfg.vocab_size:
@@ -468,6 +470,7 @@ class GatedLM(nn.Module):
             self._key_mask(attention_mask, ids.shape[0], 0, ids.shape[1])  # its shape and values
             if ids.shape[1] and not bool(attention_mask[:, -1].bool().all()):
                 raise GatedAttnError("generate needs left padding: attention_mask has a 0 in its last column")
+        self._check_generate_size(ids, max_new_tokens, use_cache, generator)
         was_training = self.training
         self.eval()
         caches = self.new_cache(ids.shape[1] + max_new_tokens) if use_cache else None
@@ -491,6 +494,20 @@ class GatedLM(nn.Module):
         self.train(was_training)
         return out
 
+    def _check_generate_size(self, ids: torch.Tensor, max_new_tokens: int, use_cache: bool,
+                             generator: torch.Generator | None) -> None:
+        """The KV cache of the longest sequence (and the ids) fits the device's memory, and a
+        ``generator`` is on the device the sampling runs on; else one line naming them."""
+        weight = self.embed.weight
+        total = ids.shape[1] + max_new_tokens
+        parts = {"the ids": 8 * ids.shape[0] * total}
+        if use_cache:
+            parts["the KV cache"] = ids.shape[0] * total * kv_cache_bytes_per_token(self.cfg, weight.element_size())
+        check_memory("generate", parts, {"max_new_tokens": max_new_tokens, "the batch": ids.shape[0]}, weight.device)
+        if generator is not None and torch.device(generator.device).type != weight.device.type:
+            raise GatedAttnError(f"generate: generator is on {generator.device}, the model on {weight.device}; give a "
+                                 f"torch.Generator(device={str(weight.device)!r})")
+
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, directory: str | Path,
                         extra: Callable[[Path], dict[str, Any]] | None = None,
@@ -512,7 +529,17 @@ class GatedLM(nn.Module):
                 config.update(extra(tmp))
             write_weights(tmp, state, max_shard_bytes)
             record_checksum(atomic_write_json(tmp / CONFIG_FILE, config))
+            if not (tmp / GENERATION_CONFIG_FILE).is_file():  # the HF wrapper writes its own
+                record_checksum(atomic_write_json(tmp / GENERATION_CONFIG_FILE, self.generation_defaults()))
         return directory
+
+    def generation_defaults(self) -> dict[str, Any]:
+        """What ``generation_config.json`` holds (``transformers.GenerationConfig`` reads it):
+        the model's BOS and EOS, and the EOS as padding (Llama's convention) where it has no
+        other."""
+        ids = {"bos_token_id": self.cfg.bos_token_id, "eos_token_id": self.cfg.eos_token_id,
+               "pad_token_id": self.cfg.eos_token_id}
+        return {k: v for k, v in ids.items() if v is not None}
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "GatedLM":

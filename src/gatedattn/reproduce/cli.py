@@ -91,7 +91,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"report: {rewrite(study, cfg.out_dir)}")
         return 0
     check_training_sizes(cfg)  # before the data is prepared or anything trains
-    with study_output(cfg.out_dir, budget_minutes=getattr(cfg, "budget_minutes", None)):  # budget, lock, signals
+    with study_output(cfg.out_dir, budget_minutes=getattr(cfg, "budget_minutes", None),
+                      study=study.name):  # budget, lock, another study's output refused, signals
         print(f"report: {study.run(cfg, _command())}")
     return 0
 

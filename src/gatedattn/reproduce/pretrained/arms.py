@@ -67,6 +67,7 @@ ARM_SPECS = {a.name: a for a in (
 
 
 KEPT_SINK_SHARE = 0.01  # with the first token kept, a sink starts at this share of its weight
+ABSENT_SINK = -30.0  # a sink's logit below the layers an arm trains: no probability, no gradient
 
 
 def sink_start(arm: Arm, mode: str, measured: Tensor) -> Tensor:
@@ -92,7 +93,7 @@ def build_arm(base: GatedLM, arm: Arm, start: int, sink_logits: list[Tensor] | N
     absent (-30)."""
     model = copy.deepcopy(base)
     if arm.variant is not None:
-        add_gates(model, arm.variant, init="identity")
+        add_gates(model, arm.variant, init="identity", sink_logit=ABSENT_SINK)
     for p in model.parameters():
         p.requires_grad_(False)
     with torch.no_grad():

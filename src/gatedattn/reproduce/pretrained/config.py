@@ -25,24 +25,24 @@ class PretrainedConfig:
     first_token: str = option("auto", help="the first position: auto (what the model's tokenizer puts before text: "
                                            "its BOS where it adds one, else none), bos (the model's own BOS token), "
                                            "none (an ordinary text token), or a token id")
-    seq_len: int = option(256, ge=8, help="tokens per window, the first token included")
-    analysis_windows: int = option(16, gt=0, help="held-out windows of the sink measurement")
-    eval_windows: int = option(32, gt=1, help="held-out windows every loss is measured on")
-    windows: tuple[int, ...] = option((32, 64, 128), gt=0, help="attention windows W of the no-op curve "
+    seq_len: int = option(256, ge=8, le=32_768, help="tokens per window, the first token included")
+    analysis_windows: int = option(16, gt=0, le=4096, help="held-out windows of the sink measurement")
+    eval_windows: int = option(32, gt=1, le=4096, help="held-out windows every loss is measured on")
+    windows: tuple[int, ...] = option((32, 64, 128), gt=0, le=32_768, help="attention windows W of the no-op curve "
                                                                     "(full causal attention is always measured)")
-    window: int = option(0, ge=0, help="the arms' window W (0: chosen from the curve: the largest W whose loss "
+    window: int = option(0, ge=0, le=32_768, help="the arms' window W (0: chosen from the curve: the largest W whose loss "
                                        "gap is at least min_gap)")
     min_gap: float = option(0.25, gt=0, help="nats: the loss gap a window needs to be chosen for the arms")
     arms: tuple[str, ...] = option(DEFAULT_ARMS, choices=ARMS,
                                    help="what is trained in place of the first token: " + ", ".join(ARMS) +
                                         " (--set arms=" + ",".join(EXTENDED_ARMS) + ": the extended setting)")
-    seeds: int = option(3, gt=0, help="data orders of every arm")
-    steps: int = option(24, gt=0, help="the most optimizer steps of every arm (the stopping rule ends it earlier)")
-    batch: int = option(4, gt=0, help="windows per step")
-    dev_windows: int = option(4, gt=0, help="training-split windows outside the pool the stopping rule reads")
-    stop_every: int = option(4, gt=0, help="the stopping rule looks at the paired loss (dropped minus kept) on the "
+    seeds: int = option(3, gt=0, le=100, help="data orders of every arm")
+    steps: int = option(24, gt=0, le=100_000, help="the most optimizer steps of every arm (the stopping rule ends it earlier)")
+    batch: int = option(4, gt=0, le=1024, help="windows per step")
+    dev_windows: int = option(4, gt=0, le=1024, help="training-split windows outside the pool the stopping rule reads")
+    stop_every: int = option(4, gt=0, le=100_000, help="the stopping rule looks at the paired loss (dropped minus kept) on the "
                                            "dev_windows before the first step and every stop_every steps")
-    stop_patience: int = option(2, gt=0, help="the stopping rule: an arm stops at the first look that makes "
+    stop_patience: int = option(2, gt=0, le=1000, help="the stopping rule: an arm stops at the first look that makes "
                                               "stop_patience in a row none of which beats the best look before "
                                               "them by more than stop_tol")
     stop_tol: float = option(0.005, ge=0, help="nats: the least improvement of the paired loss that keeps training")
@@ -59,13 +59,13 @@ class PretrainedConfig:
                                                                          "fp32)")
     sink_layers_eps: float = option(0.2, gt=0, lt=1, help="arms train in the layers from the first whose F-Attn "
                                                           "exceeds this (the layers below run frozen and are cached)")
-    streaming_len: int = option(4096, ge=16, help="tokens of the streaming curve (one held-out document)")
-    continued_steps: int = option(0, ge=0, help="Qiu et al. App. A.7: steps of continued pretraining of the whole "
+    streaming_len: int = option(4096, ge=16, le=131_072, help="tokens of the streaming curve (one held-out document)")
+    continued_steps: int = option(0, ge=0, le=1_000_000, help="Qiu et al. App. A.7: steps of continued pretraining of the whole "
                                                 "model, with and without a retrofitted G1 gate, on the same windows "
                                                 "(0: off; minutes per step on a CPU)")
     continued_lr: float = option(1e-4, gt=0, help="AdamW learning rate of the continued pretraining")
-    truncate_layers: int = option(0, ge=0, help="keep only the model's first N layers (0: all; --quick uses it)")
-    threads: int = option(0, ge=0, help="torch threads (0: as many as the machine has cores)")
+    truncate_layers: int = option(0, ge=0, le=10_000, help="keep only the model's first N layers (0: all; --quick uses it)")
+    threads: int = option(0, ge=0, le=1024, help="torch threads (0: as many as the machine has cores)")
     out_dir: str = option("runs/reproduce-pretrained", help="output directory")
     progress: bool = option(True, help="progress messages")
 

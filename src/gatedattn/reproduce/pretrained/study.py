@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos, tokenizer_convention
 from gatedattn.hf import add_gates, bundled_model_path, load_model
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.fmt import shown
+from gatedattn.infra.integrity import content_id
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.infra.precision import Precision, resolve_dtype
 from gatedattn.models.lm import GatedLM
@@ -67,7 +69,7 @@ def load(cfg: PretrainedConfig) -> tuple[GatedLM, Any, Any, dict[str, Any]]:
     first = resolve_first_token(cfg.first_token, model.cfg, tokenizer_bos=tokenizer_bos(path, tokenizer),
                                 convention=tokenizer_convention(path, tokenizer))
     a = model.cfg.attention
-    info = {"path": str(path), "name": path.name, "layers": model.cfg.n_layers, "full_layers": full_layers,
+    info = {"path": shown(str(path)), "name": shown(path.name), "layers": model.cfg.n_layers, "full_layers": full_layers,
             "d_model": a.d_model, "heads": a.n_heads, "kv_heads": a.n_kv_heads, "vocab": model.cfg.vocab_size,
             "params": sum(p.numel() for p in model.parameters()), "first_token": first.to_dict()}
     return model, tokenizer, first, info
@@ -108,17 +110,23 @@ def start_layer(f_attn_per_layer: list[float | None], eps: float) -> int:
 
 class Stages:
     """The study's partial results in ``path``: each stage is kept with the config fields it
-    was made from (``STAGE_FIELDS``, plus ``extra``) and reused where they are the same."""
+    was made from (``STAGE_FIELDS``, plus ``extra``) and what the model's files hold
+    (:func:`content_id`), and reused only where both are the same: a model replaced under
+    the same name is measured anew."""
 
-    def __init__(self, path: Path, cfg: PretrainedConfig):
+    def __init__(self, path: Path, cfg: PretrainedConfig, model: Path):
         self.path, self.cfg = path, cfg
         self._noted = 0.0
         self.data: dict[str, Any] = read_json_object(path) if path.is_file() else {}
         self.data.setdefault("stages", {})
+        known = self.data.get("model_content")
+        self.model_content = content_id(model, known if isinstance(known, dict) else None)
+        self.data["model_content"] = self.model_content
 
     def get(self, name: str, kind: str, make: Callable[[], Any], **extra: Any) -> Any:
         d = self.cfg.to_dict()
-        key = json_safe({**{f: d[f] for f in STAGE_FIELDS[kind]}, **extra})
+        key = json_safe({**{f: d[f] for f in STAGE_FIELDS[kind]}, "model_sha256": self.model_content["sha256"],
+                         **extra})
         stage = self.data["stages"].get(name)
         if stage is None or stage["key"] != key:
             started, noted = time.time(), self._noted
@@ -344,7 +352,7 @@ def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
-    stages = Stages(out / "pretrained.json", cfg)
+    stages = Stages(out / "pretrained.json", cfg, model_path(cfg))
     inp = _Inputs(cfg, stages)
     info = stages.get("model", "sink", lambda: inp.loaded[3])
     source = stages.get("text", "sink", lambda: inp.text.source)

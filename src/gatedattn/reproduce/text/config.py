@@ -64,17 +64,17 @@ class TextConfig:
     STUDY: ClassVar[str] = NAME  # its name in the study registry
 
     variants: tuple[str, ...] = option(("baseline", "gated"), help="attention presets to compare")
-    seeds: int = option(3, gt=0, help="seeds per variant; with 2+ the report tests seed noise")
-    budget_minutes: float | None = option(20.0, gt=0, help="wall-clock budget: time each variant's training step "
+    seeds: int = option(3, gt=0, le=1000, help="seeds per variant; with 2+ the report tests seed noise")
+    budget_minutes: float | None = option(20.0, gt=0, le=100_000, help="wall-clock budget: time each variant's training step "
                                                            "first and fit the steps to it (instead of steps)")
-    steps: int | None = option(None, gt=0, help="fixed training steps per run (instead of budget_minutes)")
+    steps: int | None = option(None, gt=0, le=10_000_000, help="fixed training steps per run (instead of budget_minutes)")
     out_dir: str = option("runs/reproduce-text", help="output directory")
-    evals: int = option(8, gt=0, help="evaluations (with the sink metrics) per run")
-    analysis_sequences: int = option(32, gt=0, help="validation sequences the final analysis reads")
-    multiples: tuple[int, ...] = option((1, 2, 4, 8), ge=1, help="extrapolation lengths as multiples of the context")
-    timing_rounds: int = option(7, ge=3, help="interleaved rounds of the step-time measurement after training "
+    evals: int = option(8, gt=0, le=100_000, help="evaluations (with the sink metrics) per run")
+    analysis_sequences: int = option(32, gt=0, le=1_000_000, help="validation sequences the final analysis reads")
+    multiples: tuple[int, ...] = option((1, 2, 4, 8), ge=1, le=1024, help="extrapolation lengths as multiples of the context")
+    timing_rounds: int = option(7, ge=3, le=1000, help="interleaved rounds of the step-time measurement after training "
                                               "(the overhead claim's noise estimate needs 3 or more)")
-    min_steps: int = option(500, gt=0, help="fewest training steps a budget-fitted run may get: below it the "
+    min_steps: int = option(500, gt=0, le=10_000_000, help="fewest training steps a budget-fitted run may get: below it the "
                                             "study steps down to a smaller preset, then to fewer seeds")
     compile: str = option("auto", choices=COMPILE_MODES, help="torch.compile every run: auto (with a budget, time "
                           "each variant's compiled step here too, its compile time included, and compile where that "
