@@ -206,7 +206,8 @@ def mean_pm(stat: dict, spec: str = ".3f") -> str:
     if stat["mean"] is None:
         return "–"
     one = format(stat["mean"], spec)
-    return one if len([v for v in stat["values"] if v is not None]) < 2 else f"{one} ± {format(stat['std'], spec)}"
+    spread = format(stat["std"], spec.lstrip("+"))  # a sign belongs to the mean, not to its spread
+    return one if len([v for v in stat["values"] if v is not None]) < 2 else f"{one} ± {spread}"
 
 
 # (key, source, claim, judge, the arm it needs: a claim about an arm the study did not train is left out)

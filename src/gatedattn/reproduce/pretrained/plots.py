@@ -94,9 +94,10 @@ def plot_arm_curves(results: dict, path: Path) -> Path:
         ax.set(title=f"{name} ({arm['params']:,} parameters)")
         bx.set(xlabel="step")
     axes[0, 0].set_ylabel(f"training loss (nats, running mean of {SMOOTH})")
-    axes[1, 0].set_ylabel("paired loss, dropped − kept (nats; dots: dev windows)")
+    axes[1, 0].set_ylabel("paired loss, dropped − kept (nats)")
     axes[0, -1].legend(fontsize=6)
-    axes[1, -1].legend(fontsize=6, title="x: stopped by the rule, o: at the cap", title_fontsize=6)
+    axes[1, -1].legend(fontsize=6, title="dots: the rule's looks (dev windows); x: stopped by the rule, o: at the cap",
+                       title_fontsize=6)
     return save_figure(fig, path)
 
 
