@@ -14,7 +14,7 @@ import sys
 def main() -> int:
     """Run the command line of ``sys.argv``; an interrupt while it starts exits 130 with one line."""
     try:
-        from gatedattn.console import main as run  # lazy: start-up guard (a Ctrl-C while the package imports)
+        from gatedattn.cli import main as run  # lazy: start-up guard (a Ctrl-C while the package or the CLI imports)
     except KeyboardInterrupt:
         print("gatedattn: interrupted", file=sys.stderr)
         return 130

@@ -1,25 +1,14 @@
-"""The ``gatedattn`` console script.
-
-The script imports this module alone; the command line (:mod:`gatedattn.cli`) and the
-modules of its commands are imported here, so a Ctrl-C while they import (the first
-moments of every command) ends as one line and status 130, not a traceback. Nothing
-here changes how SIGINT behaves for a program that imports ``gatedattn``.
+"""The console script's entry point as it was installed before it moved out of the package
+(``gatedattn.console:main``): the same guarded start, :func:`gatedattn_console.main`.
 """
 
 from __future__ import annotations
 
 import sys
 
+from gatedattn_console import main
 
-def main() -> int:
-    """Run the command line of ``sys.argv``; an interrupt while it starts exits 130 with one line."""
-    try:
-        from gatedattn.cli import main as run  # lazy: start-up guard (a Ctrl-C while it imports exits 130)
-    except KeyboardInterrupt:
-        print("gatedattn: interrupted", file=sys.stderr)
-        return 130
-    return run()
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())
