@@ -71,7 +71,7 @@ def test_hidden_states_and_attentions_in_every_layout(tmp_path, layout):
     assert [str(w.message) for w in caught if "attention probabilities" in str(w.message)] == [
         f"GatedAttnForCausalLM: the {kernel} attention kernel does not return attention probabilities; with "
         "output_attentions=True every layer runs the reference kernel (explicit scores and softmax: slower, "
-        "more memory)"]
+        "more memory); attn_implementation=\"eager\" runs it throughout"]
     torch.testing.assert_close(out.logits, plain.logits, atol=1e-5, rtol=1e-5)
     hs, lm = out.hidden_states, model.model
     assert len(hs) == model.config.num_hidden_layers + 1 and all(h.shape == (2, 7, 64) for h in hs)

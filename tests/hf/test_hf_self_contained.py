@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from gatedattn import GatedAttnError
-from gatedattn.hf import bundle, save_self_contained
+from gatedattn.hf import save_self_contained
+from gatedattn.models import code as bundle
 from gatedattn.models.lm import GatedLM, ModelConfig
 
 V = 61
@@ -48,17 +49,16 @@ assert not [m for m in sys.modules if m.split(".")[0] == "gatedattn"]
 torch.save({"logits": logits, "generated": out, "module": type(model).__module__}, reference + ".out")
 """
 
+# ("gated" itself is loaded in every kind of save by the test after this one)
 MODELS = {
-    "gated": dict(variant="gated"),
     "hyga-sink": dict(variant="hyga-sink"),
     "mla": dict(variant="gated", attention_fields={"kv": "mla"}),
 }
-# each case starts an interpreter that imports torch and transformers (seconds)
-CASES = [pytest.param(name, marks=() if name == "gated" else pytest.mark.slow) for name in MODELS]
+ENV = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.mark.slow  # a fresh interpreter each
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.slow  # a fresh interpreter each (it imports torch and transformers: seconds)
+@pytest.mark.parametrize("name", list(MODELS))
 def test_self_contained_checkpoint_loads_without_gatedattn(tmp_path, name):
     torch.manual_seed(0)
     model = GatedLM(ModelConfig.from_preset("micro", vocab_size=V, **MODELS[name])).eval()
@@ -72,8 +72,7 @@ def test_self_contained_checkpoint_loads_without_gatedattn(tmp_path, name):
     torch.save({"ids": ids}, tmp_path / "ref.pt")
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    env = {"PATH": "/usr/bin:/bin", "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1"}
+    env = {**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules")}
     proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "model"), str(tmp_path / "ref.pt")],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -81,6 +80,99 @@ def test_self_contained_checkpoint_loads_without_gatedattn(tmp_path, name):
     assert got["module"].startswith("transformers_modules.") and got["module"].endswith(".modeling_gatedattn")
     torch.testing.assert_close(got["logits"], want, atol=1e-6, rtol=0)
     assert torch.equal(got["generated"], model.generate(ids[:1, :4], 5, temperature=0))
+
+
+EVERY_KIND = CHILD.split("directory, reference = ")[0] + r"""
+import json
+directories, reference = json.loads(sys.argv[1]), sys.argv[2]
+ids = torch.load(reference)["ids"]
+got = {}
+for kind, directory in directories.items():
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+    except Exception as e:  # a directory without the code: transformers does not know model_type gatedattn
+        got[kind] = f"{type(e).__name__}: {e}"
+        continue
+    with torch.no_grad():
+        got[kind] = {"logits": model(ids).logits,
+                     "generated": model.generate(ids[:1, :4], max_new_tokens=5, do_sample=False),
+                     "module": type(model).__module__}
+assert not [m for m in sys.modules if m.split(".")[0] == "gatedattn"]
+torch.save(got, reference + ".out")
+"""
+
+
+def _every_kind_of_save(root) -> dict[str, GatedLM]:
+    """A directory of each kind of save -> the model it holds: save_pretrained, convert, the
+    transformers wrapper, transformers' Trainer.save_model, a training run's final/, and
+    convert --no-code (which must not load without gatedattn)."""
+    import random
+
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    import gatedattn.hf.register  # noqa: F401
+    from gatedattn.cli import main
+    from gatedattn.data import prepare
+    from gatedattn.train import TrainConfig, train
+
+    torch.manual_seed(0)
+    model = GatedLM(ModelConfig.from_preset("micro", vocab_size=V, variant="gated")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    dirs = {"save_pretrained": root / "saved", "convert": root / "converted", "wrapper": root / "wrapper",
+            "trainer": root / "trainer", "final": root / "run" / "final", "convert --no-code": root / "no-code"}
+    model.save_pretrained(dirs["save_pretrained"])
+    model.save_pretrained(root / "plain", save_code=False)
+    assert main(["convert", "--from", str(root / "plain"), "--to", str(dirs["convert"])]) == 0
+    assert main(["convert", "--no-code", "--from", str(root / "plain"), "--to", str(dirs["convert --no-code"])]) == 0
+    wrapper = AutoModelForCausalLM.from_pretrained(root / "plain")
+    wrapper.save_pretrained(dirs["wrapper"])
+    args = TrainingArguments(output_dir=str(root / "trainer-out"), report_to=[], use_cpu=True)
+    Trainer(model=wrapper, args=args).save_model(str(dirs["trainer"]))
+    texts = root / "texts"
+    texts.mkdir()
+    rng = random.Random(0)
+    for i in range(8):
+        (texts / f"d{i}.txt").write_text(" ".join(rng.choice("ab cd ef gh ij kl".split()) for _ in range(200)))
+    prepare([str(texts)], root / "data", vocab_size=300, val_fraction=0.2, progress=False)
+    train(TrainConfig(data_dir=str(root / "data"), out_dir=str(root / "run"), preset="micro", variant="gated",
+                      seq_len=16, micro_batch=2, steps=2, warmup_steps=1, eval_batches=1, eval_every=0, ckpt_every=0,
+                      progress=False, tensorboard=False, dtype="fp32"))
+    held = {kind: model for kind in dirs}
+    held["final"] = GatedLM.from_pretrained(dirs["final"]).eval()
+    return {kind: (path, held[kind]) for kind, path in dirs.items()}
+
+
+@pytest.mark.slow  # one fresh interpreter for every kind
+def test_every_kind_of_save_loads_where_gatedattn_cannot_be_imported(tmp_path):
+    from transformers import GenerationConfig
+
+    saves = _every_kind_of_save(tmp_path)
+    for kind, (path, model) in saves.items():  # generation_config.json from every save too
+        assert GenerationConfig.from_pretrained(path).eos_token_id == model.cfg.eos_token_id, kind
+    assert GenerationConfig.from_pretrained(saves["final"][0]).eos_token_id is not None  # the data's EOS
+    ids = torch.randint(0, V, (2, 9))
+    torch.save({"ids": ids}, tmp_path / "ref.pt")
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    env = {**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    proc = subprocess.run([sys.executable, "-c", EVERY_KIND, json.dumps({k: str(p) for k, (p, _) in saves.items()}),
+                           str(tmp_path / "ref.pt")], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "ref.pt.out")
+    assert "gatedattn" in got.pop("convert --no-code")  # no code, no model: the rule holds both ways
+    assert set(got) == {"save_pretrained", "convert", "wrapper", "trainer", "final"}
+    for kind, out in got.items():
+        assert isinstance(out, dict), f"{kind}: {out}"
+        model = saves[kind][1]
+        assert out["module"].endswith(".modeling_gatedattn"), kind
+        with torch.no_grad():
+            torch.testing.assert_close(out["logits"], model(ids), atol=1e-6, rtol=0, msg=kind)
+        want, n = model.generate(ids[:1, :4], 5, temperature=0), out["generated"].shape[1]
+        # transformers stops at the EOS its generation_config.json names (a run's final/ has one)
+        assert torch.equal(out["generated"], want[:, :n]), kind
+        assert n == want.shape[1] or out["generated"][0, -1] == model.cfg.eos_token_id, kind
 
 
 def test_bundle_is_generated_from_the_package_source(tmp_path):
@@ -92,10 +184,25 @@ def test_bundle_is_generated_from_the_package_source(tmp_path):
     here = (bundle._package_root() / "layers" / "attention.py").read_text()
     rewritten = re.sub(r"from (gatedattn\.[\w.]+) import", lambda m: f"from .{bundle.flat_name(m[1])} import", here)
     assert body == rewritten
-    GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=V)).save_pretrained(tmp_path / "plain")
+    model = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=V))
+    model.save_pretrained(tmp_path / "plain", save_code=False)
     assert "auto_map" not in json.loads((tmp_path / "plain" / "config.json").read_text())
     assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == [".gatedattn-output", "checksums.json", "config.json",
                                                                       "generation_config.json", "model.safetensors"]
+    # by default the code is written, every file listed in checksums.json (so --force may replace the directory)
+    model.save_pretrained(tmp_path / "default")
+    listed = json.loads((tmp_path / "default" / "checksums.json").read_text())
+    assert json.loads((tmp_path / "default" / "config.json").read_text())["auto_map"] == bundle.AUTO_MAP
+    assert set(sources) <= set(listed) and (tmp_path / "default" / "models_lm.py").read_text() == sources["models_lm.py"]
+
+
+def test_the_old_self_contained_keyword_still_works_with_a_deprecation_warning(tmp_path):
+    model = GatedLM(ModelConfig.from_preset("micro", "gated", vocab_size=V))
+    with pytest.warns(DeprecationWarning, match="save_code"):
+        model.save_pretrained(tmp_path / "m", self_contained=False)
+    assert "auto_map" not in json.loads((tmp_path / "m" / "config.json").read_text())
+    with pytest.raises(GatedAttnError, match="save_code must be True or False"):
+        model.save_pretrained(tmp_path / "n", save_code="yes")
 
 
 def test_bundle_refuses_imports_it_cannot_rewrite(tmp_path):

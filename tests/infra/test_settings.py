@@ -44,6 +44,7 @@ TRAIN_VALUES = {
     "spike_margin": ("0.3", 0.3), "spike_window": ("20", 20), "diverge_factor": ("3", 3.0),
     "overfit_batches": ("2", 2), "stop_at_step": ("2", 2), "fsdp": ("true", True), "progress": ("false", False),
     "tensorboard": ("false", False), "activation_checkpointing": ("2", 2), "trainable": ("gates,sink", ("gates", "sink")),
+    "save_code": ("false", False),
 }
 # keys whose value needs other files (a model to start from): tested where they are built (test_train_init_from)
 TRAIN_SPECIAL = {"init_from"}

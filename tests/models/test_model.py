@@ -41,8 +41,11 @@ def test_save_load_is_bit_exact(tmp_path, tie):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".gatedattn-output", "checksums.json", "config.json",
-                                                         "generation_config.json", "model.safetensors"]
+    from gatedattn.models.code import bundle_sources
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".gatedattn-output", "checksums.json", "config.json",
+                                                                "generation_config.json", "model.safetensors",
+                                                                *bundle_sources()])
     again = GatedLM.from_pretrained(tmp_path)
     assert again.cfg == model.cfg
     ids = torch.randint(0, 97, (2, 9))

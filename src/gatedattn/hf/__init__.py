@@ -13,9 +13,10 @@
 * ``export_hf(model, dir, layout=None)`` -- a ``baseline`` model as a stock Qwen3 /
   Llama / Qwen2 directory, a ``gated`` one as a stock Qwen3-Next directory, or
   (``layout="official"``) ``gated`` / ``gated-headwise`` in the paper's layout;
-* ``save_self_contained(model, dir)`` -- ``model.save_pretrained(dir)`` with the modelling
-  code beside the weights (``write_code(dir)``), for ``trust_remote_code=True`` loading
-  where gatedattn is not installed;
+* ``save_self_contained(model, dir)`` -- ``model.save_pretrained(dir)``, which writes the
+  modelling code beside the weights by default (``write_code(dir)``, from
+  ``gatedattn.models.code``), for ``trust_remote_code=True`` loading where gatedattn is not
+  installed;
 * ``register_auto()`` -- make ``AutoConfig`` / ``AutoModelForCausalLM`` load
   directories written by ``GatedLM.save_pretrained`` (``model_type: gatedattn``);
 * ``add_gates(model, variant, init="identity")`` -- retrofit a gate into a loaded model.
@@ -39,7 +40,7 @@ _EXPORTS = {
     "export_hf": "gatedattn.hf.export",
     "hf_config_for": "gatedattn.hf.export",
     "LAYOUTS": "gatedattn.hf.export",
-    "write_code": "gatedattn.hf.bundle",
+    "write_code": "gatedattn.models.code",
     "attention_from_qwen3_next": "gatedattn.hf.layers",
     "attention_from_gpt_oss": "gatedattn.hf.layers",
     "add_gates": "gatedattn.hf.retrofit",

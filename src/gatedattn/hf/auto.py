@@ -24,6 +24,18 @@ ignored positions (transformers' causal-LM loss, ``num_items_in_batch`` included
 activation checkpointing (``activation_checkpointing_enable(every_n_layers=n)``). Any
 other 4-D mask is refused.
 
+``attn_implementation`` means what it says, through ``from_pretrained`` (this class's or
+the Auto classes'), ``config._attn_implementation`` before ``GatedAttnForCausalLM(config)``,
+and ``set_attn_implementation``: ``"eager"`` gives every layer the reference core
+(``layers.core.ReferenceCore``: explicit scores and softmax), which also returns its
+probabilities for ``output_attentions`` (nothing swapped, no warning); ``"sdpa"`` (the
+default) runs the fused kernel of the model's own ``kernel`` setting, where
+``output_attentions`` swaps in a recording reference core for the call and warns once.
+Anything else is refused in one line, before any weights are read. The choice is a runtime
+one, as in transformers: ``config._attn_implementation`` reports what runs, and neither
+the saved weights nor ``config.json`` change (the default for a model whose ``kernel`` is
+``reference`` is ``"eager"``).
+
 This module imports transformers (seconds); ``gatedattn.hf`` imports it on first use.
 """
 
@@ -43,11 +55,13 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import GENERATION_CONFIG_NAME
 
-from gatedattn.infra.errors import GatedAttnError
-from gatedattn.hf.bundle import write_code
+from gatedattn.infra.errors import ConfigError, GatedAttnError
+from gatedattn.infra.integrity import record
 from gatedattn.hf.configuration import GatedAttnHFConfig
 from gatedattn.hf.masks import WHAT, padding_mask_of
 from gatedattn.hf.outputs import recording
+from gatedattn.layers.config import AttentionConfig
+from gatedattn.layers.core import AttentionCore, ReferenceCore
 from gatedattn.models.lm import MODEL_TYPE, GatedLM, check_state_dict
 from gatedattn.models.shards import parse_size
 
@@ -55,10 +69,12 @@ __all__ = ["GatedAttnForCausalLM", "GatedAttnHFConfig"]
 
 # from_pretrained arguments that do not change what a local gatedattn directory loads as
 _IGNORED_LOAD_ARGS = frozenset({
-    "_from_auto", "_from_pipeline", "_commit_hash", "trust_remote_code", "attn_implementation",
-    "low_cpu_mem_usage", "use_safetensors", "local_files_only", "cache_dir", "revision", "token",
-    "force_download", "proxies", "code_revision", "adapter_kwargs",
+    "_from_auto", "_from_pipeline", "_commit_hash", "trust_remote_code", "low_cpu_mem_usage",
+    "use_safetensors", "local_files_only", "cache_dir", "revision", "token", "force_download", "proxies",
+    "code_revision", "adapter_kwargs",
 })
+# transformers' attn_implementation values the wrapper runs: the reference core, or the model's fused kernel
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 # save_pretrained arguments that change nothing for a local gatedattn directory
 _IGNORED_SAVE_ARGS = frozenset({"save_function", "token", "save_peft_format", "save_original_format",
                                 "distributed_checkpoint"})
@@ -68,6 +84,50 @@ def _config_attribute(config: GatedAttnHFConfig, key: str) -> bool:
     """Whether ``key`` names a field, alias or property of the config (what a keyword may override)."""
     return (key in {f.name for f in dataclasses.fields(config)} or key in config.attribute_map
             or isinstance(getattr(type(config), key, None), property))
+
+
+def check_attn_implementation(value: Any) -> str | None:
+    """``value`` if it is an ``attn_implementation`` the wrapper runs (None: the default);
+    anything else is refused in one line naming the allowed values."""
+    if value is None or (isinstance(value, str) and value in ATTN_IMPLEMENTATIONS):
+        return value
+    raise ConfigError(f"GatedAttnForCausalLM: attn_implementation={value!r} is not supported; choose "
+                      f"\"eager\" (the reference attention: explicit scores and softmax, returns attention weights) "
+                      f"or \"sdpa\" (the default: the model's fused kernel)")
+
+
+def _fused_kernel(cfg: AttentionConfig) -> str:
+    """The kernel ``"sdpa"`` runs in a layer of ``cfg``: its own, or the fused one ``auto``
+    picks where its own is the reference kernel."""
+    kernel = cfg.resolved_kernel
+    return kernel if kernel != "reference" else cfg.replace(kernel="auto").resolved_kernel
+
+
+def _load_config(config: PreTrainedConfig | None, lm: GatedLM, overrides: dict[str, Any],
+                 attn_implementation: str | None) -> GatedAttnHFConfig:
+    """The config ``from_pretrained`` builds the model from: ``config`` (a copy) or the
+    loaded model's, with the ``overrides`` set and ``attn_implementation`` (None: the default)."""
+    if config is None:
+        hf_config = GatedAttnHFConfig.from_model_config(lm.cfg)
+    elif isinstance(config, GatedAttnHFConfig):
+        hf_config = copy.deepcopy(config)
+    elif getattr(config, "model_type", None) == MODEL_TYPE and isinstance(config, PreTrainedConfig):
+        # the same class from another copy of the modelling code (transformers loads remote code per file)
+        hf_config = GatedAttnHFConfig.from_dict(config.to_dict())
+    else:
+        raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: config must be a GatedAttnHFConfig, "
+                             f"got {type(config).__name__}")
+    # (set after the overrides: transformers' output_attentions=True asks for eager only when nothing was asked)
+    hf_config._attn_implementation = None
+    # head_dim after hidden_size / num_attention_heads: given beside them, it is kept, not derived again
+    for key, value in sorted(overrides.items(), key=lambda kv: kv[0] == "head_dim"):
+        if not _config_attribute(hf_config, key):
+            raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: argument {key!r} is not supported "
+                                 f"(neither a loading option nor a GatedAttnHFConfig attribute)")
+        setattr(hf_config, key, value)
+    if attn_implementation is not None:
+        hf_config._attn_implementation = attn_implementation
+    return hf_config
 
 
 def _with_config(lm: GatedLM, cfg, source: Path) -> GatedLM:
@@ -129,13 +189,55 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
     supports_gradient_checkpointing = True
 
     def __init__(self, config: GatedAttnHFConfig, model: GatedLM | None = None):
-        super().__init__(config)
+        super().__init__(config)  # checks config._attn_implementation (_check_and_adjust_attn_implementation)
         self.model = model if model is not None else GatedLM(config.to_model_config())
         self._warned_attentions = False
+        self._use_attn_implementation(self.config._attn_implementation)
         self.post_init()
 
     def _init_weights(self, module) -> None:  # GatedLM initialises itself
         pass
+
+    # ------------------------------------------------------------------ attn_implementation
+    # A runtime choice, as in transformers: it swaps each layer's attention core and is never
+    # saved (config.json holds the model's own ``kernel``; the weights do not change).
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        return True
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, is_init_check: bool = False,
+                                              allow_all_kernels: bool = False) -> str:
+        """transformers' hook (``__init__``, ``set_attn_implementation``): ``"eager"`` or
+        ``"sdpa"``; None gives the default, what the model's own ``kernel`` runs."""
+        return check_attn_implementation(attn_implementation) or self._default_attn_implementation()
+
+    def _default_attn_implementation(self) -> str:
+        model = self._modules.get("model")  # (None while PreTrainedModel.__init__ runs)
+        kernel = model.cfg.attention.kernel if model is not None else (self.config.attention or {}).get("kernel")
+        return "eager" if kernel == "reference" else "sdpa"
+
+    def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
+        """Switch every layer to the reference core (``"eager"``) or the model's fused kernel
+        (``"sdpa"``); anything else is refused and changes nothing."""
+        if isinstance(attn_implementation, dict):
+            attn_implementation = attn_implementation.get("", self.config._attn_implementation)
+        self._use_attn_implementation(self._check_and_adjust_attn_implementation(attn_implementation))
+
+    def _use_attn_implementation(self, name: str | None) -> None:
+        """Give every layer the core that ``name`` stands for and record it in the config, which
+        then says what runs: ``"eager"`` the reference core (``ReferenceCore``, which also hands
+        out its probabilities for ``output_attentions``), ``"sdpa"`` the fused kernel."""
+        name = self._check_and_adjust_attn_implementation(name)
+        for block in self.model.blocks:
+            attn = block.attn
+            if name == "eager":
+                if not isinstance(attn.core, ReferenceCore):
+                    attn.core = ReferenceCore()
+            else:
+                kernel = _fused_kernel(attn.cfg)
+                if type(attn.core) is not AttentionCore or attn.core.kernel != kernel:
+                    attn.core = AttentionCore(kernel)
+        self.config._attn_implementation_internal = self._attn_running = name
 
     def get_input_embeddings(self):
         return self.model.get_input_embeddings()
@@ -176,30 +278,22 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         As in transformers, ``config`` replaces the saved config and the other keywords
         that name config attributes override it (``use_cache=False``,
         ``output_hidden_states=True``, ``max_position_embeddings=...``); the weights must
-        then fit the config (a mismatch names the tensor). Any other keyword is refused."""
+        then fit the config (a mismatch names the tensor). Any other keyword is refused.
+        ``attn_implementation`` (here, or in ``config`` as the Auto classes pass it) is
+        ``"eager"`` or ``"sdpa"``, checked before anything is read."""
         if model_args:
             raise GatedAttnError("GatedAttnForCausalLM.from_pretrained takes no extra positional arguments")
+        attn_implementation = kwargs.pop("attn_implementation", None)
+        if attn_implementation is None:
+            attn_implementation = getattr(config, "_attn_implementation", None)
+        attn_implementation = check_attn_implementation(attn_implementation)
         # (an argument left at None asks for nothing: evaluation harnesses pass gguf_file=None and the like)
         overrides = {k: v for k, v in kwargs.items() if k not in _IGNORED_LOAD_ARGS and v is not None}
         path = Path(pretrained_model_name_or_path) / subfolder
         if not path.is_dir():
             raise GatedAttnError(f"{path} is not a local directory; gatedattn models load from local directories")
         lm = GatedLM.from_pretrained(path)
-        if config is None:
-            hf_config = GatedAttnHFConfig.from_model_config(lm.cfg)
-        elif isinstance(config, GatedAttnHFConfig):
-            hf_config = copy.deepcopy(config)
-        elif getattr(config, "model_type", None) == MODEL_TYPE and isinstance(config, PreTrainedConfig):
-            # the same class from another copy of the modelling code (transformers loads remote code per file)
-            hf_config = GatedAttnHFConfig.from_dict(config.to_dict())
-        else:
-            raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: config must be a GatedAttnHFConfig, "
-                                 f"got {type(config).__name__}")
-        for key, value in overrides.items():
-            if not _config_attribute(hf_config, key):
-                raise GatedAttnError(f"GatedAttnForCausalLM.from_pretrained: argument {key!r} is not supported "
-                                     f"(neither a loading option nor a GatedAttnHFConfig attribute)")
-            setattr(hf_config, key, value)
+        hf_config = _load_config(config, lm, overrides, attn_implementation)
         wanted = hf_config.to_model_config()
         if wanted != lm.cfg:
             lm = _with_config(lm, wanted, path)
@@ -218,13 +312,14 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         return model
 
     def save_pretrained(self, save_directory, is_main_process: bool = True, state_dict=None,
-                        max_shard_size: int | str | None = None, self_contained: bool = True,
+                        max_shard_size: int | str | None = None, save_code: bool = True,
+                        self_contained: bool | None = None,
                         safe_serialization: bool = True, push_to_hub: bool = False, variant: str | None = None,
                         **kwargs) -> None:
         """Write gatedattn's format (``config.json``, ``model.safetensors`` or shards of at
         most ``max_shard_size`` with their index, ``generation_config.json``) of the
         model's own weights (a ``state_dict`` argument, as ``Trainer`` passes it, holds the
-        same tensors and is not read). With ``self_contained`` (the default) the modelling
+        same tensors and is not read). With ``save_code`` (the default; ``self_contained`` is its old name) the modelling
         code and ``auto_map`` are written too, so the directory loads with
         ``trust_remote_code=True`` where gatedattn is not installed -- also when this model
         was itself loaded that way."""
@@ -245,9 +340,14 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         def extra(tmp: Path) -> dict[str, Any]:
             if self.can_generate() and self.generation_config is not None:
                 self.generation_config.save_pretrained(tmp)
-            return {"auto_map": write_code(tmp)} if self_contained else {}
+                record(tmp / GENERATION_CONFIG_NAME)  # listed in checksums.json like every file the save writes
+            return {}
 
-        self.model.save_pretrained(save_directory, extra=extra, max_shard_bytes=shard_bytes)
+        if self_contained is not None:
+            warnings.warn("GatedAttnForCausalLM.save_pretrained(self_contained=...) is now save_code=... (and the "
+                          "modelling code is written by default)", DeprecationWarning, stacklevel=2)
+            save_code = self_contained
+        self.model.save_pretrained(save_directory, extra=extra, max_shard_bytes=shard_bytes, save_code=save_code)
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -257,6 +357,8 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
                 output_attentions: bool | None = None, output_hidden_states: bool | list[int] | int | None = None,
                 logits_to_keep: int = 0, return_dict: bool | None = None,
                 **kwargs: Any) -> CausalLMOutputWithPast | tuple:
+        if self.config._attn_implementation != self._attn_running:  # set on the config directly, as Llama reads it
+            self._use_attn_implementation(self.config._attn_implementation)
         cache = cache if cache is not None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if cache is None and use_cache and not (self.training and self.model.checkpoint_every):
@@ -300,7 +402,8 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
             self._warned_attentions = True
             warnings.warn(f"GatedAttnForCausalLM: the {'/'.join(kernels)} attention kernel does not return attention "
                           f"probabilities; with output_attentions=True every layer runs the reference kernel "
-                          f"(explicit scores and softmax: slower, more memory)", stacklevel=3)
+                          f"(explicit scores and softmax: slower, more memory); attn_implementation=\"eager\" "
+                          f"runs it throughout", stacklevel=3)
 
 
 def _select(states: tuple[torch.Tensor, ...] | None, selected: Any) -> tuple[torch.Tensor, ...] | None:

@@ -14,11 +14,11 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 
-from gatedattn.hf.bundle import save_self_contained
 from gatedattn.hf.export import export_hf, hf_config_for
 from gatedattn.hf.gguf import gguf_file_of, gguf_hf_tokenizer, gguf_tokenizer
 from gatedattn.hf.load import load_config, load_model, verify_model_dir
@@ -207,31 +207,36 @@ def _write_tokenizer(src: Path, gguf_tok, dst: Path, fmt: str) -> None:
             _add_file(src / name, dst)
 
 
-def _check_convert_options(fmt: str, self_contained: bool, dtype: str) -> None:
+def _check_convert_options(fmt: str, save_code: bool, dtype: str) -> None:
     if fmt not in FORMATS:
         raise GatedAttnError(f"--format {fmt!r} is not allowed; choose one of {', '.join(FORMATS)}")
-    if self_contained and fmt != "gatedattn":
-        raise GatedAttnError(f"--self-contained applies to --format gatedattn only ({fmt} checkpoints run on "
-                             f"transformers' own code)")
+    if not isinstance(save_code, bool):
+        raise GatedAttnError(f"convert: save_code must be True or False, got {save_code!r}")
     if dtype not in DTYPES:
         raise GatedAttnError(f"--dtype {dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
 
 
 def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, init: str = "identity",
             fmt: str = "gatedattn", force: bool = False, dtype: str = "float32", seed: int = 0,
-            self_contained: bool = False) -> Path:
+            save_code: bool = True, self_contained: bool | None = None) -> Path:
     """Import ``src`` (a model directory or a GGUF file), optionally add the gate of
     ``variant``, write ``dst`` atomically (a temporary directory beside it, renamed into
     place). Tokenizer files are copied; a GGUF file's embedded tokenizer is saved as
     ``tokenizer.json`` (with ``tokenizer_config.json``), so ``dst`` is self-sufficient.
 
-    ``fmt``: ``gatedattn`` (any variant; with ``self_contained`` the modelling code is
-    written beside the weights), ``hf`` (stock Qwen3/Llama/Qwen2 for a gate-free model,
-    Qwen3-Next for a ``gated`` one), ``qwen3-next`` or ``official`` (the paper's layout)."""
+    ``fmt``: ``gatedattn`` (any variant; with ``save_code``, the default, the modelling
+    code is written beside the weights, as every save writes it), ``hf`` (stock
+    Qwen3/Llama/Qwen2 for a gate-free model, Qwen3-Next for a ``gated`` one),
+    ``qwen3-next`` or ``official`` (the paper's layout), which run on transformers' own
+    code and carry none. ``self_contained`` is the old name of ``save_code``."""
+    if self_contained is not None:
+        warnings.warn("convert(self_contained=...) is now save_code=... (and the modelling code is written by "
+                      "default)", DeprecationWarning, stacklevel=2)
+        save_code = self_contained
     if os.fspath(dst) == "" or os.fspath(src) == "":
         raise GatedAttnError(f"{'--to' if os.fspath(dst) == '' else '--from'}: an empty path; give a directory")
     src, dst = Path(src), Path(dst)
-    _check_convert_options(fmt, self_contained, dtype)
+    _check_convert_options(fmt, save_code, dtype)
     check_no_overlap(dst, "--to", [("--from", src)])
     if _is_nonempty(dst) and not force:
         raise GatedAttnError(f"--to {dst} exists and is not empty; pass --force to replace it")
@@ -255,10 +260,7 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
         if fmt != "gatedattn":
             export_hf(model, tmp, layout)
         else:
-            if self_contained:
-                save_self_contained(model, tmp)
-            else:
-                model.save_pretrained(tmp)
+            model.save_pretrained(tmp, save_code=save_code)
         _write_tokenizer(src, gguf_tok, tmp, fmt)
         replace_dir(tmp, dst)
     except BaseException:
@@ -270,13 +272,22 @@ def convert(src: str | Path, dst: str | Path, *, variant: str | None = None, ini
 def _convert(args: argparse.Namespace) -> int:
     if args.init is not None and args.variant is None:
         raise GatedAttnError("--init needs --variant (it initialises the added gate)")
+    if args.no_code and args.self_contained:
+        raise GatedAttnError("--no-code and --self-contained contradict each other; give one (the code is written "
+                             "by default)")
+    for flag, given in (("--no-code", args.no_code), ("--self-contained", args.self_contained)):
+        if given and args.format != "gatedattn":
+            raise GatedAttnError(f"{flag} applies to --format gatedattn only ({args.format} checkpoints run on "
+                                 f"transformers' own code and carry none)")
+    save_code = not args.no_code
     stopped = (f"stopped before --to {args.to} was written (the partial copy beside it is removed; an earlier "
                f"--to is kept as it was); run the same command again")
     with interruptible(stopped):
         dst = convert(args.from_dir, args.to, variant=args.variant, init=args.init or "identity", fmt=args.format,
-                      force=args.force, dtype=args.dtype, seed=args.seed, self_contained=args.self_contained)
-    extra = ", with its modelling code" if args.self_contained else ""
-    print(f"wrote {dst} ({args.format} format{extra})")
+                      force=args.force, dtype=args.dtype, seed=args.seed, save_code=save_code)
+    extra = {True: ", with its modelling code: loads with trust_remote_code=True where gatedattn is not installed",
+             False: ", without modelling code: loads where gatedattn is installed"}
+    print(f"wrote {dst} ({args.format} format{extra[save_code] if args.format == 'gatedattn' else ''})")
     return 0
 
 
@@ -301,8 +312,9 @@ def register(sub) -> None:
     c = sub.add_parser("convert", help="import a model directory, optionally add a gate, save it (atomically)",
                        description="Import --from (gatedattn, Qwen3, Llama, Qwen2 or official gated-attention "
                                    "checkpoint), optionally retrofit the gate of --variant, and write --to in "
-                                   "gatedattn format (--self-contained adds the modelling code, loadable with "
-                                   "trust_remote_code=True without gatedattn installed) or as a transformers "
+                                   "gatedattn format (with the modelling code and its auto_map, loadable with "
+                                   "trust_remote_code=True where gatedattn is not installed, as every save "
+                                   "writes it; --no-code leaves it out) or as a transformers "
                                    "checkpoint: --format hf (stock Qwen3/Llama/Qwen2 for a gate-free model, "
                                    "Qwen3-Next for a 'gated' one), qwen3-next, or official (the paper's gated "
                                    "Qwen3 layout).")
@@ -315,9 +327,12 @@ def register(sub) -> None:
     c.add_argument("--format", choices=FORMATS, default="gatedattn",
                    help="gatedattn (any variant); hf (stock Qwen3/Llama/Qwen2 for a gate-free model, Qwen3-Next "
                         "for a 'gated' one); qwen3-next; official (gated / gated-headwise in the paper's layout)")
+    c.add_argument("--no-code", action="store_true",
+                   help="with --format gatedattn: write the weights and config without the modelling code and its "
+                        "auto_map (the directory then loads only where gatedattn is installed)")
     c.add_argument("--self-contained", action="store_true",
-                   help="with --format gatedattn: also write the modelling code and an auto_map, so "
-                        "transformers loads the directory with trust_remote_code=True where gatedattn is not installed")
+                   help="with --format gatedattn: write the modelling code (the default; kept for scripts that "
+                        "pass it)")
     c.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     c.add_argument("--seed", type=int, default=0, help="seed for --init random")
     c.add_argument("--force", action="store_true",

@@ -17,6 +17,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from gatedattn.infra.errors import ConfigError
 from gatedattn.layers.config import AttentionConfig
 from gatedattn.models.lm import MODEL_TYPE, ModelConfig
+from gatedattn.models.standard import HIDDEN_ACTS, check_standard_keys, split_standard_keys
 
 # transformers' name -> ModelConfig field
 STANDARD_ALIASES = {
@@ -28,6 +29,8 @@ ATTENTION_NAMES = {
     "hidden_size": ("d_model",), "num_attention_heads": ("n_heads",), "num_key_value_heads": ("n_kv_heads",),
     "head_dim": ("head_dim",), "rope_theta": ("rope", "theta"),
 }
+# setting one of these re-derives a head_dim that followed them
+_HEAD_SHAPE = ("d_model", "n_heads")
 
 
 def _attention_property(name: str, path: tuple[str, ...]) -> property:
@@ -48,6 +51,8 @@ def _attention_property(name: str, path: tuple[str, ...]) -> property:
             inner[key] = dict(inner[key])
             inner = inner[key]
         inner[path[-1]] = value
+        if path[-1] in _HEAD_SHAPE and _follows_shape(self.attention):
+            changed["head_dim"] = None  # derived again from the new shape, as a Llama config derives it
         try:
             checked = AttentionConfig.from_dict(changed)
         except ConfigError as e:
@@ -57,8 +62,52 @@ def _attention_property(name: str, path: tuple[str, ...]) -> property:
     return property(get, set_, doc=f"transformers' name for attention.{'.'.join(path)}")
 
 
+def _follows_shape(attention: dict) -> bool:
+    """Whether ``head_dim`` is the one ``d_model / n_heads`` gives (not set apart from them)."""
+    head_dim, d_model, n_heads = (attention.get(k) for k in ("head_dim", "d_model", "n_heads"))
+    return head_dim is None or (isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0
+                                and head_dim * n_heads == d_model)
+
+
+def _hidden_act_property() -> property:
+    """``config.hidden_act``: transformers' name of the MLP's activation (``mlp``)."""
+    mlps = {act: mlp for mlp, act in HIDDEN_ACTS.items()}
+
+    def get(self):
+        return HIDDEN_ACTS.get(self.mlp)
+
+    def set_(self, value):
+        if value not in mlps:
+            raise ConfigError(f"GatedAttnHFConfig.hidden_act={value!r}: choose one of {', '.join(mlps)} "
+                              f"(the MLP {', '.join(mlps.values())})")
+        self.mlp = mlps[value]
+
+    return property(get, set_, doc="transformers' name of the MLP's activation (mlp)")
+
+
 class _ModelConfigBridge:
     """Conversion between ``ModelConfig`` and its transformers config."""
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> "GatedAttnHFConfig":
+        """transformers' ``from_dict``, with a ``head_dim`` keyword applied after ``hidden_size``
+        and ``num_attention_heads``, so that it is kept, not derived again from them."""
+        if "head_dim" in kwargs:
+            kwargs = {**{k: v for k, v in kwargs.items() if k != "head_dim"}, "head_dim": kwargs["head_dim"]}
+        return super().from_dict(config_dict, **kwargs)
+
+    def __post_init__(self, **kwargs):
+        """The standard keys of a ``config.json`` (``models.standard``) are checked against the
+        model's own fields, which they mirror, not set over them: a file where the two disagree
+        is refused, naming the key."""
+        rest, standard = split_standard_keys(kwargs)
+        super().__post_init__(**rest)
+        if standard and self.attention is None:
+            raise ConfigError(f"GatedAttnHFConfig: {next(iter(standard))} given without the attention dict "
+                              f"it mirrors")
+        if self.attention is not None and (standard or self.pad_token_id is not None):
+            check_standard_keys({**standard, "pad_token_id": self.pad_token_id}, self.to_model_config(),
+                                "GatedAttnHFConfig")
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> "GatedAttnHFConfig":
@@ -84,6 +133,7 @@ def _hf_config_namespace() -> dict[str, Any]:
         "attribute_map": dict(STANDARD_ALIASES),
         "__annotations__": annotations,
         **{name: _attention_property(name, path) for name, path in ATTENTION_NAMES.items()},
+        "hidden_act": _hidden_act_property(),
     }
     for f in dataclasses.fields(ModelConfig):
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

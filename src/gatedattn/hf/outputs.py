@@ -8,8 +8,10 @@ for the forward passes inside it:
   block 0 reads), the output of each block, and for the last block its output after the
   final norm -- what ``LlamaForCausalLM`` returns;
 * attention probabilities, one (B, H, T, T_keys) tensor per layer, from the reference
-  core (explicit scores and softmax: a fused kernel never forms them). Each layer then
-  runs on that core, so its outputs are the reference path's.
+  core (explicit scores and softmax: a fused kernel never forms them). A layer whose core
+  is already the reference one (``layers.core.ReferenceCore``: the wrapper's ``"eager"``
+  attention) hands out the probabilities it computes anyway; any other layer runs on a
+  ``RecordingCore`` for the body, so its outputs are the reference path's.
 
 Hooks and cores are installed on entry and removed on exit; activation checkpointing
 recomputes blocks in backward, after the context has closed, and records nothing then.
@@ -24,21 +26,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from gatedattn.ops.reference import attention_probs_reference
+from gatedattn.layers.core import ReferenceCore
 
 
-class RecordingCore(nn.Module):
-    """The reference attention core, keeping each call's probabilities in ``self.probs``."""
+class RecordingCore(ReferenceCore):
+    """The reference attention core, appending each call's probabilities to ``calls``."""
 
     def __init__(self, calls: list[torch.Tensor]):
-        super().__init__()
-        self.calls = calls
+        super().__init__(probs=calls)
 
-    def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None, key_mask=None):
-        probs = attention_probs_reference(q, k, sink, q_offset=q_offset, scale=scale, key_mask=key_mask)
-        self.calls.append(probs.to(q.dtype))
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        return (probs @ v.float()).to(q.dtype)
+    @property
+    def calls(self) -> list[torch.Tensor]:
+        return self.probs
 
 
 @dataclass
@@ -91,5 +90,16 @@ def recording(lm: nn.Module, *, hidden_states: bool = False, attentions: bool = 
                 stack.callback(h.remove)
         if attentions:
             for block, probs in zip(lm.blocks, out.probs):
-                stack.enter_context(block.attn.with_core(RecordingCore(probs)))
+                _record(stack, block.attn, probs)
         yield out
+
+
+def _record(stack: contextlib.ExitStack, attn: nn.Module, probs: list[torch.Tensor]) -> None:
+    """Collect ``attn``'s probabilities into ``probs`` until ``stack`` closes: from its own
+    core when that is the reference one (nothing swapped), else from a ``RecordingCore``."""
+    core = attn.core
+    if isinstance(core, ReferenceCore) and core.probs is None:
+        core.probs = probs
+        stack.callback(setattr, core, "probs", None)
+    else:
+        stack.enter_context(attn.with_core(RecordingCore(probs)))

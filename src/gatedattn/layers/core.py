@@ -2,7 +2,9 @@
 
 ``Attention.with_core(core)`` runs a layer with another core for the body of a ``with``;
 the analysis uses it to read attention probabilities
-(:class:`gatedattn.analysis.probe.ProbeCore`).
+(:class:`gatedattn.analysis.probe.ProbeCore`). ``ReferenceCore`` is the reference core that
+also hands out the probabilities it computes (the transformers wrapper's ``"eager"``
+attention, :mod:`gatedattn.hf.outputs`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from torch import nn
 
 from gatedattn.ops import attention_flash_lse, attention_reference, attention_sdpa
+from gatedattn.ops.reference import attention_reference_with_probs
 from gatedattn.ops.window import FIRST_MODES, attention_window
 
 KERNEL_FUNCTIONS = {
@@ -36,6 +39,25 @@ class AttentionCore(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}"
+
+
+class ReferenceCore(AttentionCore):
+    """The ``reference`` core (explicit scores and softmax) that can also keep its
+    probabilities: while ``probs`` is a list, each call appends the (B, H, Tq, Tk)
+    probabilities it weighed the values with, in q's dtype (a learnable sink's share left
+    out: rows sum to ``1 - p_sink``), as the same computation's intermediate and in the
+    autograd graph. ``probs`` is None (keep nothing) unless a caller sets it."""
+
+    def __init__(self, probs: list | None = None):
+        super().__init__("reference")
+        self.probs = probs
+
+    def forward(self, q, k, v, sink=None, *, q_offset: int = 0, scale: float | None = None, key_mask=None):
+        if self.probs is None:
+            return super().forward(q, k, v, sink, q_offset=q_offset, scale=scale, key_mask=key_mask)
+        out, probs = attention_reference_with_probs(q, k, v, sink, q_offset=q_offset, scale=scale, key_mask=key_mask)
+        self.probs.append(probs.to(q.dtype))
+        return out
 
 
 class WindowCore(nn.Module):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +44,9 @@ from gatedattn.infra.settings import build, check_options, option
 from gatedattn.infra.sizes import check_memory, check_model_limits, check_model_size, kv_cache_bytes_per_token
 from gatedattn.layers.variants import get_variant
 from gatedattn.models.casts import FrozenCasts
+from gatedattn.models.code import write_code
 from gatedattn.models.shards import read_weights, write_weights
+from gatedattn.models.standard import check_standard_keys, split_standard_keys, standard_keys
 from gatedattn.ops.lm_loss import linear_cross_entropy
 
 CONFIG_FILE = "config.json"
@@ -153,13 +156,22 @@ class ModelConfig:
         d = dataclasses.asdict(self)
         return {"model_type": MODEL_TYPE, "architectures": ["GatedLM"], **d}
 
+    def config_json(self) -> dict[str, Any]:
+        """What a model directory's ``config.json`` holds: ``to_dict()`` and transformers'
+        standard keys beside it (``models.standard``), which ``from_dict`` checks."""
+        return {**self.to_dict(), **standard_keys(self)}
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        data = {k: v for k, v in data.items() if k not in _NOT_CONFIG_KEYS}
+    def from_dict(cls, data: dict[str, Any], owner: str = "config.json") -> "ModelConfig":
+        """The config of ``to_dict``'s dict; a standard key that disagrees with the fields is
+        refused, naming it."""
+        data, standard = split_standard_keys({k: v for k, v in data.items() if k not in _NOT_CONFIG_KEYS})
         if "attention" not in data:
             raise ConfigError("ModelConfig is missing the field 'attention'")
         data["attention"] = AttentionConfig.from_dict(data["attention"])
-        return build(cls, data)
+        cfg = build(cls, data)
+        check_standard_keys(standard, cfg, owner)
+        return cfg
 
 
 class SwiGLU(nn.Module):
@@ -511,20 +523,31 @@ class GatedLM(nn.Module):
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, directory: str | Path,
                         extra: Callable[[Path], dict[str, Any]] | None = None,
-                        max_shard_bytes: int | None = None) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` (no pickle) into a directory written
-        beside ``directory`` and renamed into place, so an existing model there survives any
-        failure whole (its other files, e.g. a tokenizer, are carried over).
-        ``extra(tmp)``, if given, writes more files into that directory before it is renamed
-        and returns entries for ``config.json`` (``gatedattn.hf.save_self_contained`` writes
-        the modelling code and its ``auto_map`` this way). Weights larger than
-        ``max_shard_bytes`` are written as shards with an index (``models.shards``)."""
+                        max_shard_bytes: int | None = None, *, save_code: bool = True,
+                        self_contained: bool | None = None) -> Path:
+        """Write ``config.json``, ``generation_config.json``, ``model.safetensors`` (no
+        pickle) and, with ``save_code`` (the default), the modelling code and its ``auto_map``
+        (``models.code``: the directory then loads with ``trust_remote_code=True`` where
+        gatedattn is not installed) into a directory written beside ``directory`` and
+        renamed into place, so an existing model there survives any failure whole (its other
+        files, e.g. a tokenizer, are carried over). ``extra(tmp)``, if given, writes more
+        files into that directory before it is renamed and returns entries for
+        ``config.json``. Weights larger than ``max_shard_bytes`` are written as shards with
+        an index (``models.shards``). ``self_contained`` is the old name of ``save_code``."""
+        if self_contained is not None:
+            warnings.warn("GatedLM.save_pretrained(self_contained=...) is now save_code=... (and the modelling "
+                          "code is written by default)", DeprecationWarning, stacklevel=2)
+            save_code = self_contained
+        if not isinstance(save_code, bool):
+            raise ConfigError(f"GatedLM.save_pretrained: save_code must be True or False, got {save_code!r}")
         directory = Path(directory)
         state = self.state_dict()
         if self.cfg.tie_embeddings:
             state.pop("lm_head.weight")
-        config = self.cfg.to_dict()
+        config = {**self.cfg.config_json(), "dtype": str(self.embed.weight.dtype).removeprefix("torch.")}
         with atomic_model_dir(directory) as tmp:  # an existing model survives any failure whole
+            if save_code:
+                config["auto_map"] = write_code(tmp)
             if extra is not None:
                 config.update(extra(tmp))
             write_weights(tmp, state, max_shard_bytes)
@@ -534,12 +557,8 @@ class GatedLM(nn.Module):
         return directory
 
     def generation_defaults(self) -> dict[str, Any]:
-        """What ``generation_config.json`` holds (``transformers.GenerationConfig`` reads it):
-        the model's BOS and EOS, and the EOS as padding (Llama's convention) where it has no
-        other."""
-        ids = {"bos_token_id": self.cfg.bos_token_id, "eos_token_id": self.cfg.eos_token_id,
-               "pad_token_id": self.cfg.eos_token_id}
-        return {k: v for k, v in ids.items() if v is not None}
+        """What ``generation_config.json`` holds (``generation_defaults(cfg)``)."""
+        return generation_defaults(self.cfg)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "GatedLM":
@@ -556,6 +575,13 @@ class GatedLM(nn.Module):
         check_state_dict(state, expected, directory / WEIGHTS_FILE)
         model.load_state_dict(state, strict=False)
         return model.to(map_location)
+
+
+def generation_defaults(cfg: ModelConfig) -> dict[str, Any]:
+    """What ``generation_config.json`` holds (``transformers.GenerationConfig`` reads it): the
+    model's BOS and EOS, and the EOS as padding (Llama's convention) where it has no other."""
+    ids = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id}
+    return {k: v for k, v in ids.items() if v is not None}
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
@@ -583,7 +609,7 @@ def load_model_config(directory: Path) -> ModelConfig:
             f"{path} has model_type={model_type!r}, not {MODEL_TYPE!r}; import other architectures with "
             f"gatedattn.hf.load_model (or `gatedattn convert --from DIR --to DIR`)"
         )
-    return ModelConfig.from_dict(data)
+    return ModelConfig.from_dict(data, str(path))
 
 
 def read_safetensors(path: Path, map_location="cpu", *, finite: bool = True) -> dict[str, torch.Tensor]:

@@ -80,9 +80,24 @@ def attention_reference(
 ) -> torch.Tensor:
     """Causal attention output (B, H, Tq, Dv); query i sits at position ``q_offset + i``;
     ``key_mask`` (B, Tk), False for padded keys."""
+    return attention_reference_with_probs(q, k, v, sink, q_offset=q_offset, scale=scale, key_mask=key_mask)[0]
+
+
+def attention_reference_with_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sink: torch.Tensor | None = None,
+    *,
+    q_offset: int = 0,
+    scale: float | None = None,
+    key_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention_reference``'s output and the float32 probabilities (B, H, Tq, Tk) it
+    weighs the values with (``attention_probs_reference``: without the sink's share)."""
     probs = attention_probs_reference(q, k, sink, q_offset=q_offset, scale=scale, key_mask=key_mask)
     v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)  # (B, H, Tk, Dv)
-    return (probs @ v.float()).to(q.dtype)
+    return (probs @ v.float()).to(q.dtype), probs
 
 
 def gated_linear(y_BTHD: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor,

@@ -41,7 +41,9 @@ from gatedattn.infra.integrity import (CHECKSUMS, atomic_save_safetensors, atomi
                                        has_manifest, read_verified, record, tensor_bytes, verify_dir)
 from gatedattn.infra.io import (atomic_dir, atomic_write_json, atomic_write_text, check_free_space, loads_json,
                                 remove_stale_temporaries)
-from gatedattn.models.lm import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, read_safetensors
+from gatedattn.models.code import write_code
+from gatedattn.models.lm import (CONFIG_FILE, GENERATION_CONFIG_FILE, WEIGHTS_FILE, ModelConfig, generation_defaults,
+                                 read_safetensors)
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
@@ -151,16 +153,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------------- model directories
 def write_model_dir(directory: Path, state: dict[str, torch.Tensor], cfg: ModelConfig, *, finite: bool = True,
-                    metadata: dict[str, str] | None = None) -> None:
+                    metadata: dict[str, str] | None = None, save_code: bool = False) -> None:
     """``model.safetensors`` + ``config.json`` in the ``GatedLM.save_pretrained`` format
     (``finite``: refuse NaN/infinity, as a load would; a diverged run's checkpoint keeps them;
-    ``metadata``: more safetensors metadata entries)."""
+    ``metadata``: more safetensors metadata entries; ``save_code``: the modelling code and
+    its ``auto_map`` too, as ``save_pretrained`` writes them); ``generation_config.json``
+    beside them."""
     state = dict(state)
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
     atomic_save_safetensors(directory / WEIGHTS_FILE, state, metadata={"format": "pt", **(metadata or {})},
                             finite=finite)
-    record(atomic_write_json(directory / CONFIG_FILE, cfg.to_dict()))
+    config = cfg.config_json()
+    if save_code:
+        config["auto_map"] = write_code(directory)
+    record(atomic_write_json(directory / CONFIG_FILE, config))
+    record(atomic_write_json(directory / GENERATION_CONFIG_FILE, generation_defaults(cfg)))
 
 
 # ---------------------------------------------------------------------------- save / find / load

@@ -37,14 +37,14 @@ def _keys_epilog() -> str:
 
 # Keys that a flag of train/sweep sets: a run's identity has one source.
 FLAG_KEYS = {"data_dir": "--data", "out_dir": "--out", "model.variant": "--variant", "model.size": "--preset",
-             "init_from": "--init-from", "trainable": "--trainable"}
+             "init_from": "--init-from", "trainable": "--trainable", "save_code": "--no-code"}
 
 
 def _base(args) -> dict:
     _check_init_from(args)
     return {"data_dir": args.data, "out_dir": args.out, "variant": getattr(args, "variant", None) or "baseline",
             "preset": args.preset or "tiny", "init_from": getattr(args, "init_from", None),
-            "trainable": _trainable(args)}
+            "trainable": _trainable(args), "save_code": not args.no_code}
 
 
 def _trainable(args) -> tuple[str, ...]:
@@ -90,6 +90,8 @@ def _resumed_config(args) -> TrainConfig:
             continue
         if not (flag == "--init-from" and then is not None and Path(now).resolve() == Path(then).resolve()):
             raise GatedAttnError(f"{flag} {now} differs from the run's {then!r}; a resumed run keeps its model")
+    if args.no_code:
+        cfg = cfg.replace(save_code=False)
     if args.data is not None:
         cfg = cfg.replace(data_dir=args.data)
     else:
@@ -224,6 +226,10 @@ def _common(p) -> None:
                         "or fnmatch patterns over parameter names such as 'blocks.*.attn.o_proj.*'. Frozen "
                         "parameters get no gradient and no optimizer state; checkpoints and final/ hold the whole "
                         "model")
+    p.add_argument("--no-code", action="store_true",
+                   help="write final/ without the modelling code (by default it carries the code and its auto_map, "
+                        "as every save does, so it loads with trust_remote_code=True where gatedattn is not "
+                        "installed)")
     p.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                    help="continue from the latest checkpoint in --out (start afresh if there is none); "
                         "train --resume RUN_DIR alone continues RUN_DIR with its recorded config")

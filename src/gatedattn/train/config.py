@@ -47,7 +47,7 @@ OVERRIDE_GROUPS = {"lm": ModelConfig, "attention": AttentionConfig, "gate": Gate
 # other field must match the checkpoint.
 RESUMABLE_FIELDS = frozenset({
     "data_dir", "out_dir", "steps", "max_tokens", "eval_every", "eval_batches", "ckpt_every",
-    "keep_checkpoints", "log_every", "stop_at_step", "progress", "tensorboard", "compile",
+    "keep_checkpoints", "log_every", "stop_at_step", "progress", "tensorboard", "save_code", "compile",
     "activation_checkpointing",
 })
 
@@ -210,6 +210,8 @@ class TrainConfig:
     fsdp: bool = option(False, help="shard parameters with FSDP2 under torchrun (else DDP)")
     progress: bool = option(True, help="show a progress bar")
     tensorboard: bool = option(True, help="write TensorBoard event files")
+    save_code: bool = option(True, help="write the modelling code beside final/'s weights, so it loads with "
+                                        "trust_remote_code=True where gatedattn is not installed (--no-code: false)")
     # constructor shorthands for fields of ``model`` (not fields: to_dict and --set leave them
     # out, and they read back as None; the values are ``model.variant`` and ``model.size``)
     variant: InitVar[str | None] = None

@@ -373,7 +373,7 @@ def _finish(trainer: Trainer, data: TokenData, stop: "_StopSignals | None" = Non
             trainer.evaluate()
         mstate = D.full_model_state(trainer.wrapped, env, cfg.fsdp)  # (collective under FSDP)
         if env.is_main:
-            _write_final(out, mstate, trainer.model_cfg, data)
+            _write_final(out, mstate, trainer.model_cfg, data, cfg.save_code)
         final_dir = str(out / rundir.FINAL)
     if env.is_main:
         trainer.log.write_csv()
@@ -401,11 +401,13 @@ def _result(trainer: Trainer, complete: bool, final_dir: str | None,
     )
 
 
-def _write_final(out: Path, mstate: dict[str, torch.Tensor], model_cfg: ModelConfig, data: TokenData) -> Path:
-    """``final/``: GatedLM.save_pretrained format plus the data's tokenizer.json, atomically."""
+def _write_final(out: Path, mstate: dict[str, torch.Tensor], model_cfg: ModelConfig, data: TokenData,
+                 save_code: bool) -> Path:
+    """``final/``: GatedLM.save_pretrained format (the modelling code with ``save_code``) plus
+    the data's tokenizer.json, atomically."""
     target = out / rundir.FINAL
     with atomic_dir(target) as tmp:
-        ckpt_mod.write_model_dir(tmp, mstate, model_cfg)
+        ckpt_mod.write_model_dir(tmp, mstate, model_cfg, save_code=save_code)
         shutil.copyfile(data.data_dir / data.manifest.tokenizer_file, tmp / "tokenizer.json")
         record_checksum(tmp / "tokenizer.json")
     return target
