@@ -124,7 +124,15 @@ def _arm_lines(r: dict) -> list[str]:
     shares = _shares(r)
     if shares:
         lines += [shares, ""]
+    elif "sink-bias" not in r.get("arms", {}):
+        lines += [EXTENDED_LINE, ""]
     return lines
+
+
+# where the arms the default leaves out were run and committed
+EXTENDED_LINE = ("The first token taken apart (the sink with a bias: its mass and its value) and the elementwise gate "
+                 "beside the headwise one run in the extended setting (`--set arms=sink,sink-bias,gate,control`, step 4 "
+                 "of `scripts/reproduce_extended.sh`); a committed run: `docs/real-model-extended/report.md`.")
 
 
 def _sink_start_line(r: dict) -> str:
