@@ -33,6 +33,16 @@ def test_version(capsys):
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"gatedattn {__version__}"
 
 
+def test_the_version_is_the_one_pyproject_installs():
+    import tomllib
+    from pathlib import Path
+
+    from gatedattn.infra.provenance import code_version
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert __version__ == project["version"] == code_version()["gatedattn_version"]
+
+
 def _registered(module: str) -> dict[str, str]:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()

@@ -123,13 +123,14 @@ def _lazy_exports(tree: ast.Module) -> dict[str, str]:
     return {}
 
 
-def _run_at_import(tree: ast.Module):
-    """Every node the module runs when imported (function bodies are skipped)."""
+def _run_at_import(tree: ast.Module, calls: bool = False):
+    """Every node the module runs when imported (function bodies are skipped), or, with
+    ``calls``, also those its functions run when called."""
     todo = list(tree.body)
     while todo:
         node = todo.pop()
         yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if calls or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             todo.extend(ast.iter_child_nodes(node))
 
 
@@ -150,15 +151,16 @@ def _imported_names(node: ast.AST, module: str, package: bool, modules: dict, ex
     return []
 
 
-def import_graph(src: Path) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports when it is imported."""
+def import_graph(src: Path, calls: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports when it is imported (``calls``: or when
+    one of its functions is called)."""
     modules = _module_files(src)
     trees = {name: ast.parse(path.read_text(encoding="utf-8"), str(path)) for name, path in modules.items()}
     exports = {name: _lazy_exports(tree) for name, tree in trees.items() if modules[name].name == "__init__.py"}
     graph = {}
     for name, tree in trees.items():
         package = modules[name].name == "__init__.py"
-        found = {t for node in _run_at_import(tree) for t in _imported_names(node, name, package, modules, exports)}
+        found = {t for node in _run_at_import(tree, calls) for t in _imported_names(node, name, package, modules, exports)}
         graph[name] = {m for t in found for m in _with_packages(t, name)} & modules.keys()
     return graph
 
@@ -193,8 +195,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_import_circle():
-    cycle = find_cycle(import_graph(SRC))
-    assert not cycle, "import circle: " + " -> ".join(cycle)
+    """None when the modules are imported, and none hidden inside a function either."""
+    for calls in (False, True):
+        cycle = find_cycle(import_graph(SRC, calls))
+        assert not cycle, "import circle: " + " -> ".join(cycle)
 
 
 def test_the_circle_check_sees_a_planted_circle(tmp_path):
@@ -218,12 +222,14 @@ def test_the_circle_check_sees_a_planted_circle(tmp_path):
     for source, expected in configs.items():
         (pkg / "hf" / "configuration.py").write_text(source)
         assert find_cycle(import_graph(pkg)) == expected, source
+        assert find_cycle(import_graph(pkg, calls=True)) == circle, source  # a circle all the same
 
 
 # ------------------------------------------------------------------- function-level imports
 # An import sits inside a function only for one of these reasons, given as ``# lazy: <reason>``
 # on its line or the line above; every other import is at module level.
-LAZY_REASONS = ("--help must not import torch", "heavy (", "optional extra (", "import circle (", "start-up guard (")
+# (an import circle is no reason: the circle check sees imports inside functions too)
+LAZY_REASONS = ("--help must not import torch", "heavy (", "optional extra (", "start-up guard (")
 
 
 def _function_level_imports(tree: ast.Module) -> list[ast.stmt]:
@@ -286,8 +292,9 @@ def test_the_lazy_import_check_sees_an_unexplained_one(tmp_path):
         "\n"
         "def a():\n"
         "    import torch  # lazy: heavy (torch)\n"
-        "    # lazy: import circle (gatedattn.n imports gatedattn.m)\n"
+        "    # lazy: heavy (gatedattn.n imports transformers)\n"
         "    from gatedattn import n\n"
+        "    from gatedattn import o  # lazy: import circle (gatedattn.o imports gatedattn.m)\n"
         "    import os\n"
         "    import csv  # lazy: it is faster\n"
         "\n"
@@ -298,6 +305,7 @@ def test_the_lazy_import_check_sees_an_unexplained_one(tmp_path):
         "        import struct\n"
         "        return lambda: __import__('x') or [1 for _ in ()]\n")
     assert unexplained_lazy_imports(pkg) == [
-        "gatedattn/m.py:7 import os", "gatedattn/m.py:8 import csv  # lazy: it is faster",
-        "gatedattn/m.py:12 text = '# lazy: heavy (torch)'; import re", "gatedattn/m.py:14 import struct",
+        "gatedattn/m.py:7 from gatedattn import o  # lazy: import circle (gatedattn.o imports gatedattn.m)",
+        "gatedattn/m.py:8 import os", "gatedattn/m.py:9 import csv  # lazy: it is faster",
+        "gatedattn/m.py:13 text = '# lazy: heavy (torch)'; import re", "gatedattn/m.py:15 import struct",
     ]

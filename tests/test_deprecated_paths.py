@@ -14,3 +14,15 @@ def test_a_moved_module_warns_and_gives_the_same_objects(old, new, name, monkeyp
     with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
         module = importlib.import_module(old)
     assert getattr(module, name) is getattr(importlib.import_module(new), name)
+
+
+@pytest.mark.parametrize("old, new, name", [("gatedattn.models.lm", "gatedattn.models.shards", "read_safetensors"),
+                                            ("gatedattn.hf.load", "gatedattn.hf.importers", "hf_specs"),
+                                            ("gatedattn.hf.load", "gatedattn.hf.importers", "IMPORTERS")])
+def test_a_moved_name_warns_and_is_the_same_object(old, new, name):
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning, match=f"{old}.{name} moved to {new}.{name}"):
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        module.nothing  # noqa: B018

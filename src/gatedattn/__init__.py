@@ -10,8 +10,7 @@ Names are imported on first use, so ``import gatedattn`` (and the command line's
 from __future__ import annotations
 
 from gatedattn.infra.lazy import lazy_exports
-
-__version__ = "0.1.0"
+from gatedattn.infra.version import __version__
 
 _EXPORTS = {
     "Attention": "gatedattn.layers.attention",

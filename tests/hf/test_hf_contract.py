@@ -247,7 +247,7 @@ def test_save_pretrained_writes_code_generation_config_and_shards(tmp_path):
     assert sorted(p.name for p in (tmp_path / "saved").glob("model*.safetensors*")) == ["model.safetensors"]
     with torch.no_grad():
         assert torch.equal(GatedLM.from_pretrained(tmp_path / "saved")(ids), want)
-    model.save_pretrained(tmp_path / "plain", self_contained=False)
+    model.save_pretrained(tmp_path / "plain", save_code=False)
     assert "auto_map" not in json.loads((tmp_path / "plain" / "config.json").read_text())
     assert not list((tmp_path / "plain").glob("*.py"))
     with pytest.raises(GatedAttnError, match="argument 'selfcontained' is not supported"):

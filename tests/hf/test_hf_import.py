@@ -16,6 +16,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Q
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb, repeat_kv
 
 from gatedattn import GatedAttnError, RopeConfig
+from gatedattn.hf import importers
 from gatedattn.hf import load as hf_load
 from gatedattn.hf import export_hf, load_model
 from gatedattn.hf.layouts import join_grouped, join_interleaved, split_grouped, split_interleaved
@@ -195,7 +196,7 @@ def test_wrong_interleaved_reading_of_official_layout_is_caught(tmp_path, kind, 
     any shape error but computes something else: the comparison above would catch it."""
     ref, path = make_official(tmp_path, **OFFICIAL[kind])
     ids = torch.randint(0, V, (2, 11))
-    monkeypatch.setattr(hf_load, "split_grouped", lambda t, H, Hkv, d, w: split_interleaved(t, H, d, w))
+    monkeypatch.setattr(importers, "split_grouped", lambda t, H, Hkv, d, w: split_interleaved(t, H, d, w))
     wrong = load_model(path)
     assert (logits(wrong, ids) - logits(ref, ids)).abs().max() > 1e-2
 
@@ -225,7 +226,7 @@ def test_official_round_trip_is_bit_exact(tmp_path, kind):
     for name in before:
         assert before[name].dtype == after[name].dtype and torch.equal(before[name], after[name]), name
     raw, again = (json.loads((p / "config.json").read_text()) for p in (path, tmp_path / "again"))
-    for key in hf_load.OFFICIAL_GATE_KEYS + ("attention_bias", "num_key_value_heads", "head_dim"):
+    for key in importers.OFFICIAL_GATE_KEYS + ("attention_bias", "num_key_value_heads", "head_dim"):
         assert again[key] == raw[key], key
 
 

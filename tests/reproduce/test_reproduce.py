@@ -250,3 +250,21 @@ def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
     assert runner.choose_compile(fixed, None, 50, {})[0].train.compile == "off"
     with pytest.raises(ConfigError, match="compile='maybe' is not allowed"):
         ReproduceConfig.make(compile="maybe")
+
+
+@pytest.mark.parametrize("variant", ["baseline", "gated", "hyga-sink"])
+def test_the_model_of_a_variant_is_what_each_of_its_runs_trains(variant):
+    from gatedattn.train.optim import lr_at
+
+    cfg = ReproduceConfig.quick(preset="micro").replace(variants=("baseline", "gated", "hyga-sink"))
+    model = cfg.model_config(variant, 300)
+    for seed, steps in ((0, 10), (2, 500)):
+        assert cfg.train_config(variant, seed, steps=steps).model_config(300) == model
+    assert model.variant == variant and model.vocab_size == 300
+    assert (model.attention.gate is not None) == (variant != "baseline")
+    # a timed step: warm-up over, the schedule never decays within any run's length
+    t = cfg.step_config(variant)
+    assert t.model_config(300) == model and t.seed == 0 and t.out_dir is None
+    peak = [lr_at(s, lr=t.lr, total_steps=t.steps, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
+                  schedule=t.schedule) for s in (t.warmup_steps, t.warmup_steps + 10_000)]
+    assert peak == pytest.approx([t.lr, t.lr], rel=1e-3)

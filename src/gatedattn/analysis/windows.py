@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from gatedattn.data.corpus import input_source
-from gatedattn.hf import load as hf_load
+from gatedattn.hf.gguf import gguf_file_of, read_header
+from gatedattn.hf.load import model_tokenizer as hf_model_tokenizer
 from gatedattn.infra.errors import GatedAttnError
-from gatedattn.infra.integrity import check_tokenizer
 
 __all__ = [
     "FIRST_TOKEN_MODES",
@@ -120,10 +120,8 @@ def tokenizer_convention(model_path: str | os.PathLike | None, tokenizer: Any) -
     4. the tokenizer itself: a probe text encoded with and without special tokens; the
        ids its template puts in front (a ``TemplateProcessing`` BOS), or none.
     """
-    gguf = hf_load._gguf(model_path) if model_path is not None and Path(model_path).exists() else None
+    gguf = gguf_file_of(model_path) if model_path is not None and Path(model_path).exists() else None
     if gguf is not None:
-        from gatedattn.hf.gguf import read_header  # lazy: import circle (hf.gguf imports hf.load)
-
         meta = read_header(gguf).metadata
         flag = meta.get("tokenizer.ggml.add_bos_token")
         if isinstance(flag, bool):
@@ -275,15 +273,9 @@ def text_documents(paths: Sequence[str | os.PathLike], *, text_field: str = "tex
 
 
 def model_tokenizer(model_dir: str | os.PathLike):
-    """The tokenizer of a model (a ``tokenizers.Tokenizer``): ``gatedattn.hf``'s
-    ``model_tokenizer`` where this installation has it (a directory's ``tokenizer.json``
-    or a GGUF file's embedded tokenizer), else the directory's ``tokenizer.json``."""
-    helper = getattr(hf_load, "model_tokenizer", None)  # being added beside GGUF loading
-    if helper is not None:
-        tokenizer = helper(model_dir)
-    else:
-        path = Path(model_dir) / TOKENIZER_FILE
-        tokenizer = check_tokenizer(path, what="model tokenizer") if path.is_file() else None
+    """The tokenizer of a model (a ``tokenizers.Tokenizer``): a directory's ``tokenizer.json``
+    or a GGUF file's embedded tokenizer (``gatedattn.hf.load.model_tokenizer``)."""
+    tokenizer = hf_model_tokenizer(model_dir)
     if tokenizer is None:
         raise GatedAttnError(f"{model_dir} has no tokenizer ({TOKENIZER_FILE}): --text needs the model's own "
                              f"tokenizer (or use --data with data prepared by it)")

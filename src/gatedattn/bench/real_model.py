@@ -52,7 +52,7 @@ from gatedattn.train.optim import fusable
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.timing import interleaved_times
 from gatedattn.hf import bundled_model_path, load_model
-from gatedattn.hf.load import quiet_transformers
+from gatedattn.hf.importers import quiet_transformers
 
 
 # the first layer the real-model study trains on the bundled SmolLM2-135M: the first whose

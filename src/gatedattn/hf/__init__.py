@@ -32,7 +32,7 @@ from gatedattn.infra.lazy import lazy_exports
 _EXPORTS = {
     "load_model": "gatedattn.hf.load",
     "load_config": "gatedattn.hf.load",
-    "IMPORTERS": "gatedattn.hf.load",
+    "IMPORTERS": "gatedattn.hf.importers",
     "model_tokenizer": "gatedattn.hf.load",
     "gguf_tokenizer": "gatedattn.hf.gguf",
     "bundled_model_path": "gatedattn.hf.bundled",

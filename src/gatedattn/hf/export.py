@@ -35,7 +35,7 @@ from typing import Any, Callable
 from gatedattn.layers.config import GateConfig
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.hf.checkpoint import CONFIG_FILE, SINGLE_FILE
-from gatedattn.hf.load import hf_specs, quiet_transformers
+from gatedattn.hf.importers import hf_specs, quiet_transformers
 from gatedattn.infra.integrity import atomic_model_dir, atomic_save_safetensors, record
 from gatedattn.infra.io import atomic_write_json
 from gatedattn.models.lm import GatedLM, ModelConfig

@@ -9,7 +9,7 @@ and no ``config.json``, through this module:
    dequantized, and metadata that transformers' loader would silently ignore (RoPE
    scaling);
 2. transformers' GGUF loader (``load_gguf_checkpoint``) turns the metadata into a HF
-   config dict, which goes through the same importers (``gatedattn.hf.load.IMPORTERS``)
+   config dict, which goes through the same importers (``gatedattn.hf.importers.IMPORTERS``)
    as a ``config.json``;
 3. every tensor of the file must map to a HF name (checked before anything is
    dequantized); the dequantized tensors, in HF names, go through the same
@@ -24,6 +24,7 @@ only by the functions that need it.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gatedattn.hf.checkpoint import DictTensorSource
-from gatedattn.hf.load import hf_config_object, hf_specs, importer_for, quiet_transformers, read_hf_state
+from gatedattn.hf.importers import hf_config_object, hf_specs, importer_for, quiet_transformers, read_hf_state
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.sizes import check_model_size
 from gatedattn.models.lm import GatedLM, check_state_dict
@@ -263,13 +264,50 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
+# --------------------------------------------------------------------------- one parse
+# transformers' GGUF functions (the config, the tensors, the tokenizer) each parse the whole
+# file with gguf-py's GGUFReader, seconds for a vocabulary of 49 k tokens; under
+# ``one_parse()`` a file is parsed once while it stays the same file (path, inode, size,
+# change and modification times: a file replaced or written to is parsed anew).
+_READERS: dict[tuple, Any] = {}
+
+
+def _file_identity(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@contextlib.contextmanager
+def one_parse():
+    """Within this, gguf-py's ``GGUFReader`` of a file already parsed is that parse again (the
+    last file only: it maps the file, and holds its parsed metadata)."""
+    import gguf  # lazy: heavy (gguf-py, numpy)
+
+    original = gguf.GGUFReader
+
+    def reader(path, mode: str = "r"):
+        if mode != "r":
+            return original(path, mode)
+        key = _file_identity(Path(path))
+        if key not in _READERS:
+            _READERS.clear()
+            _READERS[key] = original(path, mode)
+        return _READERS[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 # --------------------------------------------------------------------------- config
 def _hf_config_dict(header: Header) -> dict[str, Any]:
     """The HF config dict transformers' GGUF loader builds from the file's metadata."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # lazy: heavy (transformers)
 
     try:
-        with quiet_transformers():
+        with quiet_transformers(), one_parse():
             raw = load_gguf_checkpoint(str(header.path), return_tensors=False)["config"]
     except Exception as e:  # transformers' own parsing: one line naming the file
         raise GatedAttnError(f"{header.path}: transformers cannot read its GGUF metadata ({_first_line(e)})") from None
@@ -343,7 +381,7 @@ def _hf_tensors(header: Header, names_model: _HFNames) -> dict[str, torch.Tensor
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # lazy: heavy (transformers)
 
     try:
-        with quiet_transformers():
+        with quiet_transformers(), one_parse():
             out = load_gguf_checkpoint(str(header.path), return_tensors=True, model_to_load=names_model)
     except Exception as e:
         raise GatedAttnError(f"{header.path}: its tensors cannot be read ({_first_line(e)})") from None
@@ -380,7 +418,7 @@ def gguf_hf_tokenizer(path: str | Path):
     if "tokenizer.ggml.model" not in header.metadata:
         return None
     try:
-        with quiet_transformers():
+        with quiet_transformers(), one_parse():
             return AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
     except Exception as e:
         raise GatedAttnError(f"{header.path}: its tokenizer (tokenizer.ggml.model="

@@ -18,7 +18,7 @@ from gatedattn.layers.attention import Attention
 from gatedattn.layers.config import AttentionConfig, GateConfig
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.hf.layouts import split_interleaved
-from gatedattn.hf.load import rope_from_hf
+from gatedattn.hf.importers import rope_from_hf
 from gatedattn.models.lm import check_state_dict
 
 

@@ -18,15 +18,14 @@ from typing import Any
 
 import torch
 
-import gatedattn
-from gatedattn import __version__
 from gatedattn.infra.fmt import shown
+from gatedattn.infra.version import PACKAGE_DIR, __version__
 
 
 def code_version() -> dict[str, Any]:
     """Git commit and dirty flag of the source tree gatedattn was imported from (None when
     it is not a git checkout), and the gatedattn version."""
-    src = Path(gatedattn.__file__).resolve().parent
+    src = PACKAGE_DIR
     commit, dirty = None, None
     try:
         out = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
@@ -37,7 +36,7 @@ def code_version() -> dict[str, Any]:
             dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"git_commit": commit, "git_dirty": dirty, "gatedattn_version": getattr(gatedattn, "__version__", None)}
+    return {"git_commit": commit, "git_dirty": dirty, "gatedattn_version": __version__}
 
 
 def describe_code_version(version: dict[str, Any]) -> str:

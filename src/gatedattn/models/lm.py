@@ -23,8 +23,6 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -34,7 +32,7 @@ from gatedattn.layers.checks import check_generate_args, check_map_location
 from gatedattn.layers.config import AttentionConfig, RopeConfig
 from gatedattn.infra.errors import ConfigError, GatedAttnError, check_types, refuse_assignment
 from gatedattn.layers.gates import Gate
-from gatedattn.infra.integrity import (atomic_model_dir, check_finite, read_verified, record as record_checksum,
+from gatedattn.infra.integrity import (atomic_model_dir, record as record_checksum,
                                        verify_dir, verify_file)
 from gatedattn.infra.io import atomic_write_json, read_json_object, recover_missing
 from gatedattn.layers.norm import RMSNorm
@@ -45,7 +43,7 @@ from gatedattn.infra.sizes import check_memory, check_model_limits, check_model_
 from gatedattn.layers.variants import get_variant
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.code import write_code
-from gatedattn.models.shards import read_weights, write_weights
+from gatedattn.models.shards import read_safetensors as _moved_read_safetensors, read_weights, write_weights
 from gatedattn.models.standard import check_standard_keys, split_standard_keys, standard_keys
 from gatedattn.ops.lm_loss import linear_cross_entropy
 
@@ -612,22 +610,6 @@ def load_model_config(directory: Path) -> ModelConfig:
     return ModelConfig.from_dict(data, str(path))
 
 
-def read_safetensors(path: Path, map_location="cpu", *, finite: bool = True) -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors file, checked against the directory's ``checksums.json``
-    (hashed while read); a missing, truncated, corrupt or damaged file, or (``finite``) a
-    tensor holding NaN or infinity, is a clear error."""
-    path = Path(path)
-    if not path.is_file():
-        raise GatedAttnError(f"{path} is missing")
-    try:
-        state = load(read_verified(path))
-    except (SafetensorError, ValueError, RuntimeError) as e:
-        raise GatedAttnError(f"{path} is truncated or corrupt ({e})") from None
-    if finite:
-        check_finite(state, path)
-    return {k: v.to(map_location) for k, v in state.items()} if str(map_location) != "cpu" else state
-
-
 def check_state_dict(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: Any) -> None:
     """Raise naming the first missing, unexpected or mis-shaped tensor."""
     missing = sorted(set(expected) - set(state))
@@ -641,3 +623,12 @@ def check_state_dict(state: dict[str, torch.Tensor], expected: dict[str, torch.T
             raise GatedAttnError(
                 f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the config needs {tuple(expected[name].shape)}"
             )
+
+
+def __getattr__(name: str) -> Any:
+    """``read_safetensors`` moved to :mod:`gatedattn.models.shards`; the old path warns for a release."""
+    if name == "read_safetensors":
+        warnings.warn("gatedattn.models.lm.read_safetensors moved to gatedattn.models.shards.read_safetensors "
+                      "(the old path goes in the next release)", DeprecationWarning, stacklevel=2)
+        return _moved_read_safetensors
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,8 @@
 tensors exceed ``max_shard_bytes``, ``model-00001-of-0000N.safetensors`` ... plus
 ``model.safetensors.index.json`` (``{"metadata": {"total_size": bytes}, "weight_map":
 {tensor: file}}``), the layout transformers writes and reads. Every file is entered in
-the directory's ``checksums.json``. ``read_weights(dir)`` reads either layout back.
+the directory's ``checksums.json``. ``read_weights(dir)`` reads either layout back, each
+file through ``read_safetensors`` (verified against the manifest as it is read).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load
 
 from gatedattn.infra.errors import GatedAttnError
-from gatedattn.infra.integrity import atomic_save_safetensors, record, verify_file
+from gatedattn.infra.integrity import atomic_save_safetensors, check_finite, read_verified, record, verify_file
 from gatedattn.infra.io import atomic_write_json, read_json_object
 
 SINGLE_FILE = "model.safetensors"
@@ -62,10 +65,26 @@ def write_weights(directory: Path, state: dict[str, torch.Tensor], max_shard_byt
     record(atomic_write_json(directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map}))
 
 
+def read_safetensors(path: Path, map_location="cpu", *, finite: bool = True) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file, checked against the directory's ``checksums.json``
+    (hashed while read); a missing, truncated, corrupt or damaged file, or (``finite``) a
+    tensor holding NaN or infinity, is a clear error."""
+    path = Path(path)
+    if not path.is_file():
+        raise GatedAttnError(f"{path} is missing")
+    try:
+        state = load(read_verified(path))
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise GatedAttnError(f"{path} is truncated or corrupt ({e})") from None
+    if finite:
+        check_finite(state, path)
+    return {k: v.to(map_location) for k, v in state.items()} if str(map_location) != "cpu" else state
+
+
+
 def read_weights(directory: Path, map_location="cpu") -> dict[str, torch.Tensor]:
     """Every tensor of ``directory``'s ``model.safetensors`` or of its shards (through
     ``read_safetensors``: checksums verified, NaN and infinity refused)."""
-    from gatedattn.models.lm import read_safetensors  # lazy: import circle (models.lm imports models.shards)
 
     single, index = directory / SINGLE_FILE, directory / INDEX_FILE
     if single.is_file() and index.is_file():

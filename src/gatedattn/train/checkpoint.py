@@ -42,8 +42,8 @@ from gatedattn.infra.integrity import (CHECKSUMS, atomic_save_safetensors, atomi
 from gatedattn.infra.io import (atomic_dir, atomic_write_json, atomic_write_text, check_free_space, loads_json,
                                 remove_stale_temporaries)
 from gatedattn.models.code import write_code
-from gatedattn.models.lm import (CONFIG_FILE, GENERATION_CONFIG_FILE, WEIGHTS_FILE, ModelConfig, generation_defaults,
-                                 read_safetensors)
+from gatedattn.models.lm import CONFIG_FILE, GENERATION_CONFIG_FILE, WEIGHTS_FILE, ModelConfig, generation_defaults
+from gatedattn.models.shards import read_safetensors
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"

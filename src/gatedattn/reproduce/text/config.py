@@ -12,6 +12,7 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.precision import DTYPES
 from gatedattn.infra.settings import build, check_options, dataclass_of, option
 from gatedattn.layers.variants import VARIANTS
+from gatedattn.models.lm import ModelConfig
 from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
 from gatedattn.train import TrainConfig
 from gatedattn.train.config import COMPILE_MODES, ModelRecipe, has_gate
@@ -40,6 +41,9 @@ _PER_RUN = ("out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every"
 # the names ``TextConfig.make`` routes into ``train``
 _TRAIN_NAMES = frozenset({f.name for f in dataclasses.fields(TrainConfig)} | {"variant", "preset", "model_overrides"})
 
+
+# steps of the schedule a timed step is taken from: warm-up done, the decay never reached
+TIMING_STEPS = 1_000_000
 
 @dataclass(frozen=True)
 class TextConfig:
@@ -98,7 +102,7 @@ class TextConfig:
             raise ConfigError(f"{owner}.multiples={self.multiples}: a model with position_embedding='learned' cannot "
                               "be read beyond its training context; set multiples=1")
         for variant in self.variants:  # fail now, not after an hour: each run's config is valid
-            self.train_config(variant, 0, steps=10)
+            self.step_config(variant)
 
     def _check_variants(self, owner: str) -> None:
         if not self.variants:
@@ -146,14 +150,27 @@ class TextConfig:
     def data_dir(self) -> str | None:
         return self.train.data_dir
 
+    def model_recipe(self, variant: str) -> ModelRecipe:
+        """The model settings of every run of ``variant``: ``train.model`` with that variant
+        (the ``gate`` settings apply to the variants that have a gate)."""
+        m = self.train.model
+        return dataclasses.replace(m, variant=variant, gate=m.gate if has_gate(variant) else {})
+
+    def model_config(self, variant: str, vocab_size: int) -> ModelConfig:
+        """The ``ModelConfig`` every run of ``variant`` trains, on a vocabulary of ``vocab_size``."""
+        return self.train.replace(model=self.model_recipe(variant)).model_config(vocab_size)
+
+    def step_config(self, variant: str) -> TrainConfig:
+        """The ``TrainConfig`` of one training step of ``variant`` as the study's runs take
+        it, past warm-up and never decayed (what the step timings run)."""
+        return self.train_config(variant, 0, steps=TIMING_STEPS)
+
     def train_config(self, variant: str, seed: int, *, steps: int, out_dir: str | None = None,
                      lr: float | None = None) -> TrainConfig:
-        """The ``TrainConfig`` of one run: ``train`` with the run's own fields. The ``gate``
-        settings apply to the variants that have a gate."""
+        """The ``TrainConfig`` of one run: ``train`` with the run's own fields."""
         t = self.train
-        model = dataclasses.replace(t.model, variant=variant, gate=t.model.gate if has_gate(variant) else {})
         return t.replace(
-            out_dir=out_dir, model=model, steps=steps, lr=lr or t.lr,
+            out_dir=out_dir, model=self.model_recipe(variant), steps=steps, lr=lr or t.lr,
             warmup_steps=min(t.warmup_steps, max(steps // 10, 1)), seed=seed,
             eval_every=max(steps // self.evals, 1), ckpt_every=max(steps // 4, 1),
         )

@@ -26,7 +26,7 @@ def _say(msg: str) -> None:
 
 def step_fn(cfg: TextConfig, variant: str, data: TokenData):
     """One training step of ``variant`` under the study's recipe, as a function (for timing)."""
-    return train_step_fn(cfg.train_config(variant, 0, steps=1_000_000), data)
+    return train_step_fn(cfg.step_config(variant), data)
 
 
 def time_steps(cfg: TextConfig, data: TokenData, repeats: int = 5) -> dict[str, float]:
@@ -111,7 +111,7 @@ def time_compiled(cfg: TextConfig, data: TokenData, repeats: int = 3) -> dict[st
     torch._dynamo.reset()
     first, steps = {}, {}
     for variant in cfg.variants:
-        compiled = train_step_fn(cfg.train_config(variant, 0, steps=1_000_000).replace(compile="on"), data)
+        compiled = train_step_fn(cfg.step_config(variant).replace(compile="on"), data)
         started = time.perf_counter()
         compiled()
         first[variant] = time.perf_counter() - started

@@ -250,7 +250,7 @@ def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path, resul
                                 warmup=2, per_sample=3)
     results["step_time_samples"] = samples
     results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
-    results["step_mfu"] = {v: step_speed(cfg.train_config(v, 0, steps=1_000_000), data, t)
+    results["step_mfu"] = {v: step_speed(cfg.step_config(v), data, t)
                            for v, t in results["step_time"].items()}
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
@@ -259,7 +259,7 @@ def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path, resul
 
 def study_meta(cfg: TextConfig, data: TokenData, command: str | None, started: float) -> dict[str, Any]:
     """The provenance of a study, with its data, model and precision in words."""
-    mcfg = cfg.train_config("baseline", 0, steps=10).model_config(data.vocab_size)
+    mcfg = cfg.model_config("baseline", data.vocab_size)
     a = mcfg.attention
     n_params = sum(p.numel() for p in GatedLM(mcfg).parameters())
     return {
@@ -284,7 +284,7 @@ def gate_costs(cfg: TextConfig, data: TokenData, variants: list[str]) -> dict[st
     """Per attention layer of this run's model: parameters and FLOPs, total and of the gate."""
     costs = {}
     for v in dict.fromkeys(variants):
-        attention = cfg.train_config(v, 0, steps=10).model_config(data.vocab_size).attention
+        attention = cfg.model_config(v, data.vocab_size).attention
         c = cost(attention, cfg.train.seq_len)
         costs[v] = {"gate_params": c.params["gate"], "gate_flops": c.flops["gate"],
                     "params": c.total_params, "flops": c.total_flops}
