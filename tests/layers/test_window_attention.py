@@ -8,7 +8,7 @@ import torch
 
 from gatedattn import GatedLM, ModelConfig
 from gatedattn.layers.core import WindowCore
-from gatedattn.ops.window import attention_window, window_mask
+from gatedattn.ops.window import attention_window, attention_window_reference, window_mask
 
 
 def _per_query(q, k, v, sink, window, first, scale):
@@ -89,3 +89,38 @@ def test_window_core_refuses_bad_arguments():
             WindowCore(bad)
     with pytest.raises(ValueError, match="first must be one of"):
         WindowCore(4, "left")
+
+
+@pytest.mark.parametrize("first", ["free", "keep", "drop"])
+@pytest.mark.parametrize("window", [0, 2, 5])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_attention_window_after_a_cached_prefix_is_the_last_rows_of_the_whole(first, window, with_sink):
+    """Queries after a prefix (q_offset > 0, as in decoding) see what the same rows see in
+    the whole sequence, on whichever path (fused, blocks, probabilities) each call takes."""
+    torch.manual_seed(1)
+    B, H, Hkv, T, D = 1, 4, 2, 23, 8
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, Hkv, T, D), torch.randn(B, Hkv, T, D)
+    sink = torch.randn(H) if with_sink else None
+    whole = attention_window(q, k, v, sink, window=window, first=first)
+    for tail in (1, 4, 13):
+        part = attention_window(q[:, :, -tail:], k, v, sink, window=window, first=first, q_offset=T - tail)
+        assert torch.allclose(part, whole[:, :, -tail:], atol=1e-5), tail
+
+
+@pytest.mark.parametrize("first", ["free", "keep", "drop"])
+def test_blocks_equal_the_probabilities_written_out_on_a_long_sequence(first):
+    """Blocks of W queries (a ragged last block, the first position kept in every block or
+    dropped from the first) against the reference, forward and backward."""
+    torch.manual_seed(2)
+    B, H, Hkv, T, D, W = 2, 4, 1, 61, 8, 7
+    q = torch.randn(B, H, T, D, requires_grad=True)
+    k = torch.randn(B, Hkv, T, D, requires_grad=True)
+    v = torch.randn(B, Hkv, T, D, requires_grad=True)
+    sink = torch.randn(H, requires_grad=True)
+    fast = attention_window(q, k, v, sink, window=W, first=first)
+    ref = attention_window_reference(q, k, v, sink, window=W, first=first)
+    assert torch.allclose(fast, ref, atol=1e-5)
+    w = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad((fast * w).sum(), (q, k, v, sink)),
+                    torch.autograd.grad((ref * w).sum(), (q, k, v, sink))):
+        assert torch.allclose(a, b, atol=1e-5)
