@@ -37,7 +37,7 @@ class PretrainedConfig:
                                    help="what is trained in place of the first token: " + ", ".join(ARMS) +
                                         " (--set arms=" + ",".join(EXTENDED_ARMS) + ": the extended setting)")
     seeds: int = option(3, gt=0, le=100, help="data orders of every arm")
-    steps: int = option(24, gt=0, le=100_000, help="the most optimizer steps of every arm (the stopping rule ends it earlier)")
+    steps: int = option(40, gt=0, le=100_000, help="the most optimizer steps of every arm (the stopping rule ends it earlier)")
     batch: int = option(4, gt=0, le=1024, help="windows per step")
     dev_windows: int = option(4, gt=0, le=1024, help="training-split windows outside the pool the stopping rule reads")
     stop_every: int = option(4, gt=0, le=100_000, help="the stopping rule looks at the paired loss (dropped minus kept) on the "
