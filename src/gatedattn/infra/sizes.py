@@ -63,6 +63,33 @@ def check_flag_range(flag: str, value: Any, low: int, high: int) -> None:
         raise GatedAttnError(f"{flag} {value!r} must be an integer in [{low:,}, {high:,}]")
 
 
+def check_attention_limits(cfg: Any) -> None:
+    """Each size field of the ``AttentionConfig`` ``cfg`` within :data:`MODEL_LIMITS`:
+    checked when the config is made, before any layer is allocated."""
+    for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
+        check_limit("AttentionConfig", name, getattr(cfg, name, None), MODEL_LIMITS[name])
+
+
+def attention_params(cfg: Any) -> int:
+    """A lower bound on the parameter count of one attention layer of the ``AttentionConfig``
+    ``cfg`` (its q, k, v and output projections; Python integers: no overflow)."""
+    d, heads = _int(cfg.d_model), _int(cfg.n_heads)
+    kv, hd = _int(cfg.n_kv_heads) or heads, _int(cfg.head_dim)
+    return 2 * d * heads * hd + 2 * d * kv * hd
+
+
+def check_layer_size(cfg: Any, source: Any, device: Any = "cpu", bytes_per_param: int = 4) -> None:
+    """Refuse an attention layer whose weights alone (float32) exceed the device's memory,
+    before any is allocated."""
+    need = attention_params(cfg) * bytes_per_param
+    have = device_memory(device)
+    if need > have:
+        raise GatedAttnError(
+            f"{source}: the layer (d_model={cfg.d_model}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
+            f"head_dim={cfg.head_dim}) needs at least {_fmt(need)} for its weights; this {str(device)} has "
+            f"{_fmt(have)} available: a size is wrong")
+
+
 def check_model_limits(cfg: Any) -> None:
     """Each size field of the ``ModelConfig`` ``cfg`` within :data:`MODEL_LIMITS` (and a
     learned position table within :data:`MAX_LEARNED_POSITIONS` rows): checked when a config
@@ -70,8 +97,7 @@ def check_model_limits(cfg: Any) -> None:
     a = cfg.attention
     for name in ("vocab_size", "n_layers", "ffn_dim"):
         check_limit("ModelConfig", name, getattr(cfg, name), MODEL_LIMITS[name])
-    for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
-        check_limit("AttentionConfig", name, getattr(a, name, None), MODEL_LIMITS[name])
+    check_attention_limits(a)
     if getattr(cfg, "position_embedding", "none") == "learned":
         check_limit("ModelConfig", "max_seq_len", cfg.max_seq_len, MAX_LEARNED_POSITIONS)
 

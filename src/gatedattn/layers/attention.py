@@ -34,6 +34,7 @@ from gatedattn.layers.cache import KVCache
 from gatedattn.layers.config import AttentionConfig, RopeConfig
 from gatedattn.layers.core import AttentionCore
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.sizes import check_layer_size
 from gatedattn.layers.gates import Gate, HeadTransform
 from gatedattn.layers.norm import RMSNorm
 from gatedattn.layers.packing import apply_linear, concat_linear, hooked, packed_linear, plain_linear
@@ -143,6 +144,9 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: AttentionConfig):
         super().__init__()
+        device = torch.get_default_device()
+        if device.type != "meta":  # the weights fit where they will be allocated, before any is
+            check_layer_size(cfg, "Attention", device)
         self.cfg = cfg
         H = cfg.n_heads
         self.qkv = MLAProjection(cfg) if cfg.kv == "mla" else GQAProjection(cfg)

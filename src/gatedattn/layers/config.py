@@ -17,6 +17,7 @@ from typing import Any
 
 from gatedattn.infra.errors import check_types, ConfigError, check_choice, refuse_assignment
 from gatedattn.infra.settings import build, option
+from gatedattn.infra.sizes import check_attention_limits
 
 GATE_POSITIONS = ("g1", "g2", "g3", "g4", "g5")
 GRANULARITIES = ("elementwise", "headwise")
@@ -202,6 +203,7 @@ class AttentionConfig:
         owner = "AttentionConfig"
         _positive(owner, "d_model", self.d_model)
         _positive(owner, "n_heads", self.n_heads)
+        check_attention_limits(self)  # a size past any real model's is a typo, refused before any arithmetic on it
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.head_dim is None:
@@ -213,6 +215,7 @@ class AttentionConfig:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         _positive(owner, "n_kv_heads", self.n_kv_heads)
         _positive(owner, "head_dim", self.head_dim)
+        check_attention_limits(self)
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"AttentionConfig.n_heads={self.n_heads} must be divisible by "
