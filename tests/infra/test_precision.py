@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gatedattn.infra.errors import GatedAttnError
-from gatedattn.infra.precision import Precision, cpu_native_bf16, resolve_dtype
+from gatedattn.infra.precision import EMULATED_RATIO, Precision, cpu_native_bf16, resolve_dtype
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl"}
@@ -29,6 +29,16 @@ def test_bf16_flags_but_emulated_kernels_mean_fp32():
     """ATEN_CPU_CAPABILITY=avx2 on an AVX512-BF16 CPU: the timing shows bf16 is emulated."""
     got, reason = cpu_native_bf16(AVX512 | {"avx512_bf16"}, timing=(0.001, 0.04))
     assert not got and "emulated" in reason
+
+
+def test_a_busy_machines_timing_does_not_flip_native_bf16_to_fp32():
+    """Native bf16 is about 4x faster than fp32; a timing disturbed by other work (bf16 2x
+    slower by chance) still reads native, and only an emulated path's tens-of-times gap
+    reads emulated."""
+    flags = AVX512 | {"amx_bf16"}
+    assert cpu_native_bf16(flags, timing=(0.0004, 0.0008))[0]
+    assert cpu_native_bf16(flags, timing=(0.0004, 0.0004 * EMULATED_RATIO))[0]
+    assert not cpu_native_bf16(flags, timing=(0.0004, 0.0004 * EMULATED_RATIO * 1.01))[0]
 
 
 def test_emulated_avx2_machine_resolves_to_fp32():
