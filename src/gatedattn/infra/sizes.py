@@ -81,13 +81,9 @@ def attention_params(cfg: Any) -> int:
 def check_layer_size(cfg: Any, source: Any, device: Any = "cpu", bytes_per_param: int = 4) -> None:
     """Refuse an attention layer whose weights alone (float32) exceed the device's memory,
     before any is allocated."""
-    need = attention_params(cfg) * bytes_per_param
-    have = device_memory(device)
-    if need > have:
-        raise GatedAttnError(
-            f"{source}: the layer (d_model={cfg.d_model}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
-            f"head_dim={cfg.head_dim}) needs at least {_fmt(need)} for its weights; this {str(device)} has "
-            f"{_fmt(have)} available: a size is wrong")
+    _check_weights_fit(attention_params(cfg) * bytes_per_param, device,
+                       f"{source}: the layer (d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
+                       f"n_kv_heads={cfg.n_kv_heads}, head_dim={cfg.head_dim})")
 
 
 def check_model_limits(cfg: Any) -> None:
@@ -139,15 +135,20 @@ def check_model_size(cfg: Any, source: Any, device: Any = "cpu", bytes_per_param
     """Refuse a model whose size fields pass their bounds (:func:`check_model_limits`) or
     whose weights alone (float32) exceed the device's memory."""
     check_model_limits(cfg)
-    need = model_params(cfg) * bytes_per_param
+    _check_weights_fit(model_params(cfg) * bytes_per_param, device,
+                       f"{source}: the model (vocab_size={cfg.vocab_size}, n_layers={cfg.n_layers}, "
+                       f"d_model={cfg.attention.d_model}, ffn_dim={cfg.ffn_dim}, n_heads={cfg.attention.n_heads}, "
+                       f"head_dim={cfg.attention.head_dim}, max_seq_len={cfg.max_seq_len} with "
+                       f"{getattr(cfg, 'position_embedding', 'none')} positions)")
+
+
+def _check_weights_fit(need: int, device: Any, what: str) -> None:
+    """A ``GatedAttnError`` where ``need`` bytes of weights exceed ``device``'s memory,
+    ``what`` naming the sizes that asked for them."""
     have = device_memory(device)
     if need > have:
-        raise GatedAttnError(
-            f"{source}: the model (vocab_size={cfg.vocab_size}, n_layers={cfg.n_layers}, "
-            f"d_model={cfg.attention.d_model}, ffn_dim={cfg.ffn_dim}, n_heads={cfg.attention.n_heads}, "
-            f"head_dim={cfg.attention.head_dim}, max_seq_len={cfg.max_seq_len} with "
-            f"{getattr(cfg, 'position_embedding', 'none')} positions) needs at least {_fmt(need)} for its weights; "
-            f"this {str(device)} has {_fmt(have)} available: a size is wrong")
+        raise GatedAttnError(f"{what} needs at least {_fmt(need)} for its weights; this {str(device)} has "
+                             f"{_fmt(have)} available: a size is wrong")
 
 
 def training_bytes(cfg: Any, model_cfg: Any, world_size: int = 1) -> dict[str, int]:

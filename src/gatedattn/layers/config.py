@@ -203,7 +203,7 @@ class AttentionConfig:
         owner = "AttentionConfig"
         _positive(owner, "d_model", self.d_model)
         _positive(owner, "n_heads", self.n_heads)
-        check_attention_limits(self)  # a size past any real model's is a typo, refused before any arithmetic on it
+        check_attention_limits(self)  # a size past any real model's is a typo, named before the divisibility checks
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.head_dim is None:
@@ -215,7 +215,7 @@ class AttentionConfig:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         _positive(owner, "n_kv_heads", self.n_kv_heads)
         _positive(owner, "head_dim", self.head_dim)
-        check_attention_limits(self)
+        check_attention_limits(self)  # and the head_dim / n_kv_heads the defaults filled in
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"AttentionConfig.n_heads={self.n_heads} must be divisible by "

@@ -30,12 +30,16 @@ from gatedattn.ops.sdpa import attention_flash_lse
 FIRST_MODES = ("free", "keep", "drop")
 
 
-def window_mask(tq: int, tk: int, q_offset: int, window: int, first: str, device: torch.device) -> torch.Tensor:
-    """Boolean (Tq, Tk): True where query ``q_offset + i`` may see key ``j``."""
+def _check_mode(window: int, first: str) -> None:
     if first not in FIRST_MODES:
         raise ValueError(f"first must be one of {', '.join(FIRST_MODES)}, got {first!r}")
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: full causal attention), got {window}")
+
+
+def window_mask(tq: int, tk: int, q_offset: int, window: int, first: str, device: torch.device) -> torch.Tensor:
+    """Boolean (Tq, Tk): True where query ``q_offset + i`` may see key ``j``."""
+    _check_mode(window, first)
     return _visible(torch.arange(tq, device=device) + q_offset, torch.arange(tk, device=device), window, first)
 
 
@@ -116,10 +120,7 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: to
     causal attention with the first position free, blocks of ``window`` queries where the
     keys are more than twice the window, the probabilities written out otherwise (where
     blocks would not save anything)."""
-    if first not in FIRST_MODES:
-        raise ValueError(f"first must be one of {', '.join(FIRST_MODES)}, got {first!r}")
-    if window < 0:
-        raise ValueError(f"window must be >= 0 (0: full causal attention), got {window}")
+    _check_mode(window, first)
     if not window and first == "free":
         return attention_flash_lse(q, k, v, sink, q_offset=q_offset, scale=scale)
     if window and k.shape[2] > 2 * window:
