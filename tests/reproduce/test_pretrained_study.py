@@ -183,6 +183,28 @@ def test_both_modes_train_on_the_same_batches_until_the_rule_stops_them(micro):
     assert [s for s, _ in capped["looks"]] == [0, 2, 3]  # and the cap is looked at too
 
 
+def test_the_looks_run_in_the_steps_precision(micro):
+    """The stopping rule reads the loss in the precision the arm trains in: every step and
+    every look runs under the study's autocast, and a bf16 look is the bf16 loss."""
+    import contextlib
+
+    entered = []
+
+    @contextlib.contextmanager
+    def autocast():
+        entered.append(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yield
+
+    rows = _rows(n=10)
+    out, hidden, _ = _pair(micro, rows, steps=12, every=2, patience=1, tol=10.0, autocast=autocast)
+    assert out["steps"] == 2 and len(entered) == 2 * 2 + 2  # two steps in each mode, two looks
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        d, k = (tail_losses(micro, hidden[m][-2:], rows[-2:, 1:], 1, 4, m).float().mean().item()
+                for m in (DROPPED, KEPT))
+    assert out["looks"][0][1] == pytest.approx(d - k, abs=1e-6)
+
+
 def test_a_kept_copys_sink_starts_absent_but_trainable(micro):
     rows = _rows(n=6)
     logits = first_token_logits(micro, rows[:, :-1], 4)

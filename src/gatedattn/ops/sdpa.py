@@ -12,6 +12,10 @@ Padding (``key_mask`` (B, Tk), False for padded keys; the rule is ``ops.referenc
 an explicit boolean mask for ``F.scaled_dot_product_attention`` and an additive mask for
 the CPU flash kernel, whose log-sum-exp then runs over the real keys only, as the sink
 identity needs. Without ``key_mask`` every function runs exactly its unpadded code.
+
+``attention_flash_masked`` runs any boolean mask (a window, the first position kept or
+dropped) on the same kernel, the sink added the same way, where the kernel takes a mask
+(``takes_any_mask``).
 """
 
 from __future__ import annotations
@@ -192,3 +196,33 @@ def attention_flash_lse(
         additive = torch.zeros(visible.shape, dtype=dtype, device=q.device).masked_fill_(~visible, float("-inf"))
         out = _FlashSink.apply(q, k, v, sink, scale, kernel, additive)
     return out if dv == out.shape[-1] else out[..., :dv]
+
+
+def takes_any_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`attention_flash_masked` serves these inputs: a fused kernel on their
+    device that takes a mask, queries and keys of one length (no cached prefix), equal
+    head sizes."""
+    kernel = FUSED_LSE_KERNELS.get(q.device.type)
+    return (kernel is not None and kernel.takes_mask and q.shape[2] == k.shape[2]
+            and q.shape[-1] == k.shape[-1] == v.shape[-1])
+
+
+def attention_flash_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor | None,
+                           visible: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+    """Attention (B, H, T, D) where ``visible`` (T, T), True where a query may see a key,
+    allows, with an optional per-head sink, on the fused kernel with an additive mask
+    (no probabilities written out). Every row must see at least one key. Only where
+    :func:`takes_any_mask`; ``ops.window.attention_window_reference`` is the
+    specification."""
+    if not takes_any_mask(q, k, v):
+        raise ValueError("attention_flash_masked needs a fused kernel that takes a mask, queries and keys of one "
+                         "length and equal head sizes (see takes_any_mask)")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dtype = torch.promote_types(q.dtype, torch.promote_types(k.dtype, v.dtype))
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    if sink is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    kernel = FUSED_LSE_KERNELS[q.device.type]
+    additive = torch.zeros(visible.shape, dtype=dtype, device=q.device).masked_fill_(~visible, float("-inf"))
+    return _FlashSink.apply(q, k, v, sink, scale, kernel, additive[None, None])

@@ -11,12 +11,14 @@ softmax as in :func:`gatedattn.ops.reference.attention_reference`.
 
 :func:`window_probs` and :func:`attention_window_reference` write the probabilities out
 (B, H, Tq, Tk): the specification, and what the analyses that read probabilities use.
-:func:`attention_window` computes the same output without the Tq × Tk matrix where that
-pays: full causal attention with the first position free runs on the fused kernel
-(:func:`gatedattn.ops.sdpa.attention_flash_lse`), and a window much shorter than the keys
-runs block by block of ``window`` queries, each over the ``2 · window`` keys it can see
-(plus the first position where it is kept): over 4,096 tokens at W 128, a sixteenth of the
-scores.
+:func:`attention_window` computes the same output without writing the probabilities
+out: full causal attention with the first position free runs on the fused kernel
+(:func:`gatedattn.ops.sdpa.attention_flash_lse`); a window much shorter than the keys runs
+block by block of ``window`` queries, each over the ``2 · window`` keys it can see (plus the
+first position where it is kept): over 4,096 tokens at W 128, a sixteenth of the scores;
+any other window runs on the fused kernel with the window as its mask
+(:func:`gatedattn.ops.sdpa.attention_flash_masked`) where the device has one, in the
+inputs' dtype (bf16 under autocast, as the model's own attention).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import math
 
 import torch
 
-from gatedattn.ops.sdpa import attention_flash_lse
+from gatedattn.ops.sdpa import attention_flash_lse, attention_flash_masked, takes_any_mask
 
 FIRST_MODES = ("free", "keep", "drop")
 
@@ -118,11 +120,15 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: to
                      scale: float | None = None) -> torch.Tensor:
     """Attention output (B, H, Tq, Dv) under :func:`window_mask`: the fused kernel for full
     causal attention with the first position free, blocks of ``window`` queries where the
-    keys are more than twice the window, the probabilities written out otherwise (where
-    blocks would not save anything)."""
+    keys are more than twice the window, the fused kernel with the window as its mask where
+    the device has one and no cached prefix comes first, the probabilities written out
+    otherwise."""
     _check_mode(window, first)
     if not window and first == "free":
         return attention_flash_lse(q, k, v, sink, q_offset=q_offset, scale=scale)
     if window and k.shape[2] > 2 * window:
         return _blocked(q, k, v, sink, window, first, q_offset, _scale(q, scale))
+    if q_offset == 0 and takes_any_mask(q, k, v):
+        visible = window_mask(q.shape[2], k.shape[2], 0, window, first, q.device)
+        return attention_flash_masked(q, k, v, sink, visible, scale=scale)
     return attention_window_reference(q, k, v, sink, window=window, first=first, q_offset=q_offset, scale=scale)

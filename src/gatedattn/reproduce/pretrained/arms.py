@@ -149,11 +149,14 @@ def _rows(order: Tensor, step: int, batch: int) -> Tensor:
 
 
 def _paired_dev(models: dict[str, GatedLM], dev: dict[str, Tensor], dev_targets: Tensor, start: int,
-                window: int) -> float:
-    """The paired loss (dropped minus kept) on the development windows, in fp32."""
-    with torch.no_grad():
-        losses = {m: tail_losses(model, dev[m], dev_targets, start, window, m).mean().item()
-                  for m, model in models.items()}
+                window: int, frozen: dict[str, FrozenCasts] | None = None, autocast=contextlib.nullcontext) -> float:
+    """The paired loss (dropped minus kept) on the development windows, under ``autocast()``
+    (the steps' precision; ``frozen``: each mode's cast weights)."""
+    losses = {}
+    with torch.no_grad(), autocast():
+        for m, model in models.items():
+            with frozen[m].applied() if frozen else contextlib.nullcontext():
+                losses[m] = tail_losses(model, dev[m], dev_targets, start, window, m).float().mean().item()
     return losses[DROPPED] - losses[KEPT]
 
 
@@ -168,14 +171,14 @@ def train_pair(models: dict[str, GatedLM], groups: dict[str, list[dict]], hidden
     on the development windows (``dev``: each mode's residual stream, ``dev_targets``), and
     stops by :func:`stop_step` on those looks, at ``steps`` at the most. Returns each mode's
     training curve, the paired training curve, the looks (step, paired loss), the steps run
-    and whether the rule stopped it (``converged``). Each step runs under ``autocast()``
-    (bf16 where the study asks), the frozen weights then cast once for every step
-    (``FrozenCasts``); the looks run in fp32."""
+    and whether the rule stopped it (``converged``). Each step and each look runs under
+    ``autocast()`` (bf16 where the study asks: the rule reads the loss the arm trains on),
+    the frozen weights then cast once for all of them (``FrozenCasts``)."""
     opts = {m: _adam(groups[m]) for m in models}
     frozen = {m: FrozenCasts(model) for m, model in models.items()}
     curves: dict[str, list[float]] = {m: [] for m in models}
     paired: list[float] = []
-    looks = [(0, _paired_dev(models, dev, dev_targets, start, window))]
+    looks = [(0, _paired_dev(models, dev, dev_targets, start, window, frozen, autocast))]
     stopped = None
     for step in range(steps):
         rows = _rows(order, step, batch)
@@ -184,7 +187,7 @@ def train_pair(models: dict[str, GatedLM], groups: dict[str, list[dict]], hidden
                                       window, mode, autocast))
         paired.append(curves[DROPPED][-1] - curves[KEPT][-1])
         if (step + 1) % every == 0 or step + 1 == steps:
-            looks.append((step + 1, _paired_dev(models, dev, dev_targets, start, window)))
+            looks.append((step + 1, _paired_dev(models, dev, dev_targets, start, window, frozen, autocast)))
             stopped = stop_step([v for _, v in looks], patience, tol)
             if stopped is not None:
                 break

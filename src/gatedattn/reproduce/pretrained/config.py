@@ -53,10 +53,10 @@ class PretrainedConfig:
     gate_lr: float = option(1e-2, gt=0, help="Adam learning rate of the gates (identity init: score 0.5, o_proj x2)")
     control_lr: float = option(3e-2, gt=0, help="Adam learning rate of the control (a bias on each layer's "
                                                 "attention output, starting at 0)")
-    dtype: str = option("auto", choices=("auto", "fp32", "bf16"), help="precision of the arms' training steps: "
-                                                                         "auto is bf16 autocast where bf16 is native, "
-                                                                         "fp32 elsewhere (every loss is evaluated in "
-                                                                         "fp32)")
+    dtype: str = option("auto", choices=("auto", "fp32", "bf16"), help="precision of the arms' training steps and "
+                                                                         "of the stopping rule's looks: auto is bf16 "
+                                                                         "autocast where bf16 is native, fp32 elsewhere "
+                                                                         "(every held-out loss is evaluated in fp32)")
     sink_layers_eps: float = option(0.2, gt=0, lt=1, help="arms train in the layers from the first whose F-Attn "
                                                           "exceeds this (the layers below run frozen and are cached)")
     streaming_len: int = option(4096, ge=16, le=131_072, help="tokens of the streaming curve (one held-out document)")

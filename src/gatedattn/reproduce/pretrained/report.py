@@ -97,8 +97,10 @@ def _arm_lines(r: dict) -> list[str]:
             f"{cfg['steps']} steps at the most" if "stop_every" in cfg else f"for {cfg['steps']} steps")
     precision = r.get("arm_precision")
     if precision:
-        stop += (f"; steps in {'bf16 autocast' if precision['dtype'] == 'bf16' else 'fp32'} ({precision['reason']}), "
-                 "every loss evaluated in fp32")
+        dtype = 'bf16 autocast' if precision['dtype'] == 'bf16' else 'fp32'
+        stop += (f"; steps and the stopping rule's looks in {dtype} ({precision['reason']}), every held-out loss "
+                 "evaluated in fp32" if "looks" in precision else
+                 f"; steps in {dtype} ({precision['reason']}), every loss evaluated in fp32")
     lines = [f"Frozen model, window W = {r['window']}; each arm trains only its own parameters in layers "
              f"{r['start_layer']}–{r['model']['layers'] - 1} (from the first layer whose F-Attn exceeds "
              f"{cfg['sink_layers_eps']:g}; below, the model runs untouched) with Adam, {cfg['batch']} × "

@@ -326,8 +326,8 @@ class _Inputs:
 
 @functools.cache
 def arm_precision(dtype: str) -> Precision:
-    """The precision the arms' steps run in, and why (``dtype`` resolved once a process);
-    the evaluations run outside it, in fp32."""
+    """The precision the arms' steps and the stopping rule's looks run in, and why
+    (``dtype`` resolved once a process); the held-out evaluations run outside it, in fp32."""
     return resolve_dtype(dtype, "cpu")
 
 
@@ -337,7 +337,8 @@ def _arm_runs(cfg: PretrainedConfig, stages: Stages, shared: Callable[[], _Arms]
     lrs = {f: getattr(cfg, f) for _, f in ARM_SPECS[name].trains}
     precision = arm_precision(cfg.dtype).dtype
     for seed in range(cfg.seeds):
-        run = stages.get(f"arm/{name}/{seed}", "arms", lambda: shared().run(name, seed), **lrs, precision=precision)
+        run = stages.get(f"arm/{name}/{seed}", "arms", lambda: shared().run(name, seed), **lrs, precision=precision,
+                         looks=precision)
         runs.append(run)
         _say(cfg, f"{name} order {seed}: held-out loss {run[DROPPED]['loss']:.3f} dropped, {run[KEPT]['loss']:.3f} "
                   f"kept, {run['steps']} steps{'' if run['converged'] else ' (the most allowed)'}")
@@ -457,7 +458,8 @@ def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dic
                                                                            window, KEPT))
     results["untouched"] = {**untouched, "heads": heads}
     results["arms"] = {}
-    results["arm_precision"] = arm_precision(cfg.dtype).as_dict()
+    precision = arm_precision(cfg.dtype)
+    results["arm_precision"] = {**precision.as_dict(), "looks": precision.dtype}  # the looks run in the steps' dtype
     for name in cfg.arms:
         runs = _arm_runs(cfg, stages, shared, name)
         results["arms"][name] = {"what": ARM_SPECS[name].what, "params": runs[0][DROPPED]["params"], "runs": runs,
