@@ -21,7 +21,8 @@ from gatedattn.reproduce.pretrained.arms import (ARM_SPECS, KEPT_SINK_SHARE, bui
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, prefix, tail_losses, window_losses
 from gatedattn.reproduce.pretrained.measure import noop_curve, pearson
-from gatedattn.reproduce.pretrained.study import choose_window, credited, recovered, start_layer, unpaired
+from gatedattn.reproduce.pretrained.recovery import credited, recovered, unpaired
+from gatedattn.reproduce.pretrained.study import choose_window, start_layer
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""What is trained in place of the first token: a learnable sink, an output gate, a control.
+"""What is trained in place of the first token: a learnable sink, an output gate, a control;
+and how each arm is run (:class:`ArmRunner`).
 
 Every arm is added to a copy of the frozen model (:func:`build_arm`): the sinks and the
 gates through :func:`gatedattn.hf.add_gates` with identity init (the gates leave the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +36,12 @@ from gatedattn.hf import add_gates
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.lm import GatedLM
 from gatedattn.ops.window import window_probs
-from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, attention_mode, prefix, tail_losses
+from gatedattn.infra.precision import Precision, resolve_dtype
+from gatedattn.reproduce.pretrained.config import PretrainedConfig
+from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, attention_mode, position_losses, prefix, tail_losses
+from gatedattn.reproduce.pretrained.measure import bins
+
+HEAD_WINDOWS = 4  # held-out windows the per-head figures of each arm are read on
 
 
 @dataclass(frozen=True)
@@ -274,5 +281,64 @@ def head_stats(model: GatedLM, inputs: Tensor, window: int, first: str) -> dict[
     }
 
 
-__all__ = ["ARM_SPECS", "KEPT_SINK_SHARE", "Arm", "attention_mode", "build_arm", "first_token_logits", "head_stats", "prefix",
+@functools.cache
+def arm_precision(dtype: str) -> Precision:
+    """The precision the arms' steps and the stopping rule's looks run in, and why
+    (``dtype`` resolved once a process); the held-out evaluations run outside it, in fp32."""
+    return resolve_dtype(dtype, "cpu")
+
+
+class ArmRunner:
+    """The arms' shared inputs: the frozen model, the layer they train from, the window, the
+    cached residual stream of the pool, the development windows the stopping rule reads and
+    the held-out windows in both modes, the measured first-token logits (a sink's start) and
+    the streaming row."""
+
+    def __init__(self, cfg: PretrainedConfig, model: GatedLM, pool, dev, evals, start: int, window: int,
+                 sink_logits: list[list[float]], stream_row: torch.Tensor):
+        self.cfg, self.model, self.start, self.window = cfg, model, start, window
+        self.pool_targets, self.dev_targets, self.eval_targets = pool[:, 1:], dev[:, 1:], evals[:, 1:]
+        self.eval_inputs = evals[:, :-1]
+        self.sink_logits = [torch.tensor(layer) for layer in sink_logits]
+        self.precision = arm_precision(cfg.dtype)
+        self.stream_row = stream_row
+        self.pool_hidden = {m: prefix(model, pool[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
+        self.dev_hidden = {m: prefix(model, dev[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
+        self.eval_hidden = {m: prefix(model, evals[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
+
+    def eval_loss(self, model: GatedLM, mode: str) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([tail_losses(model, h, t, self.start, self.window, mode)
+                              for h, t in zip(self.eval_hidden[mode].split(4), self.eval_targets.split(4))])
+
+    def run(self, arm_name: str, seed: int) -> dict[str, Any]:
+        """One arm trained in both modes on the pool in seed ``seed``'s order, on the same
+        batches, until the stopping rule; per mode its held-out loss and training curve, the
+        per-head figures and trained sink (dropped mode), and for the first order its
+        streaming curve (first token dropped)."""
+        cfg, arm = self.cfg, ARM_SPECS[arm_name]
+        lrs = {f: getattr(cfg, f) for f in ("sink_lr", "gate_lr", "control_lr")}
+        built = {m: build_arm(self.model, arm, self.start, self.sink_logits, lrs, m) for m in (DROPPED, KEPT)}
+        order = torch.randperm(len(self.pool_targets), generator=torch.Generator().manual_seed(seed))
+        trained = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()},
+                             self.pool_hidden, self.pool_targets, order, self.dev_hidden, self.dev_targets,
+                             steps=cfg.steps, batch=cfg.batch, start=self.start, window=self.window,
+                             every=cfg.stop_every, patience=cfg.stop_patience, tol=cfg.stop_tol,
+                             autocast=functools.partial(self.precision.autocast, "cpu"))
+        out: dict[str, Any] = {"steps": trained["steps"], "converged": trained["converged"],
+                               "paired_curve": trained["paired"], "looks": trained["looks"]}
+        for mode, (model, groups) in built.items():
+            losses = self.eval_loss(model, mode)
+            out[mode] = {"loss": losses.mean().item(), "losses": losses.tolist(), "curve": trained["curves"][mode],
+                         "params": sum(p.numel() for g in groups for p in g["params"])}
+        model = built[DROPPED][0]
+        out[DROPPED]["heads"] = head_stats(model, self.eval_inputs[:HEAD_WINDOWS], self.window, DROPPED)
+        if arm.sink_init is not None:
+            out[DROPPED]["sink_logits"] = [b.attn.sink.tolist() for b in model.blocks]
+        if seed == 0:
+            out["streaming"] = bins(position_losses(model, self.stream_row, self.window, DROPPED))
+        return out
+
+
+__all__ = ["ARM_SPECS", "ArmRunner", "HEAD_WINDOWS", "arm_precision", "KEPT_SINK_SHARE", "Arm", "attention_mode", "build_arm", "first_token_logits", "head_stats", "prefix",
            "sink_start", "stop_step", "train_arm", "train_pair"]

@@ -103,7 +103,8 @@ def _needs_gap(judge: Callable[[dict], Verdict]) -> Callable[[dict], Verdict]:
 
 def _fmt_rec(rec: dict) -> str:
     vals = ", ".join(f"{v:.2f}" for v in rec["values"] if v is not None)
-    return f"{rec['mean']:.2f} ± {rec['std']:.2f} ({vals})"
+    spread = "" if rec["std"] is None else f" ± {rec['std']:.2f}"  # one order: no spread
+    return f"{rec['mean']:.2f}{spread} ({vals})"
 
 
 def credit(arm: dict) -> dict:
@@ -206,8 +207,9 @@ def mean_pm(stat: dict, spec: str = ".3f") -> str:
     if stat["mean"] is None:
         return "–"
     one = format(stat["mean"], spec)
-    spread = format(stat["std"], spec.lstrip("+"))  # a sign belongs to the mean, not to its spread
-    return one if len([v for v in stat["values"] if v is not None]) < 2 else f"{one} ± {spread}"
+    if len([v for v in stat["values"] if v is not None]) < 2 or stat["std"] is None:
+        return one
+    return f"{one} ± {format(stat['std'], spec.lstrip('+'))}"  # a sign belongs to the mean, not to its spread
 
 
 # (key, source, claim, judge, the arm it needs: a claim about an arm the study did not train is left out)

@@ -1,4 +1,6 @@
-"""Run the real-model study: load, measure, train the arms, judge, report.
+"""Run the real-model study: load, measure, train the arms, judge, report (the stages in
+order; the work of each lives in its own module: :mod:`.measure`, :mod:`.arms`,
+:mod:`.recovery`, :mod:`.continued`).
 
 Every stage's result is written to ``out/pretrained.json`` as soon as it exists, keyed by
 the config it was made with, so a second call on the same ``--out`` reuses what is done
@@ -7,37 +9,34 @@ the config it was made with, so a second call on the same ``--out`` reuses what 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from gatedattn.analysis.windows import model_tokenizer, resolve_first_token, tokenizer_bos, tokenizer_convention
-from gatedattn.hf import add_gates, bundled_model_path, load_model
+from gatedattn.hf import bundled_model_path, load_model
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.fmt import shown
 from gatedattn.infra.integrity import content_id
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.infra.precision import Precision, resolve_dtype
 from gatedattn.models.lm import GatedLM
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.reproduce.pretrained import claims
-from gatedattn.reproduce.pretrained.arms import ARM_SPECS, build_arm, first_token_logits, head_stats, train_pair
+from gatedattn.reproduce.pretrained.arms import (ARM_SPECS, HEAD_WINDOWS, ArmRunner, arm_precision, first_token_logits,
+                                                  head_stats)
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
-from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, position_losses, prefix, tail_losses, window_losses
-from gatedattn.reproduce.pretrained.measure import gap, noop_curve, noop_point, pearson, sink_figures
+from gatedattn.reproduce.pretrained.continued import CONTINUED_FIGURES, CONTINUED_RUNS, continue_training
+from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, window_losses
+from gatedattn.reproduce.pretrained.measure import gap, noop_curve, noop_point, sink_figures, streaming_curves, streaming_late
+from gatedattn.reproduce.pretrained.recovery import arm_summary, order_stat
 from gatedattn.reproduce.pretrained.report import write_pretrained_report
 from gatedattn.reproduce.pretrained.text import study_text
 
 NAME = "pretrained"
-STREAM_BIN = 16  # positions per point of the streaming curve
-HEAD_WINDOWS = 4  # held-out windows the per-head figures of each arm are read on
 
 
 def _say(cfg: PretrainedConfig, msg: str) -> None:
@@ -147,148 +146,6 @@ class Stages:
         return {name: stage["seconds"] for name, stage in self.data["stages"].items()}
 
 
-def recovered(arm: dict, untouched: dict) -> float | None:
-    """1 - (arm dropped - arm kept) / (untouched dropped - untouched kept): the share of the
-    first token's loss gap the arm closes, with its adaptation to the text taken out."""
-    gap0 = untouched["dropped"] - untouched["kept"]
-    return 1 - (arm[DROPPED]["loss"] - arm[KEPT]["loss"]) / gap0 if gap0 > 0 else None
-
-
-def unpaired(arm: dict, untouched: dict) -> float | None:
-    """(untouched dropped - arm dropped) / (untouched dropped - untouched kept): the share of
-    the gap the arm's dropped-mode loss closes against the untouched model."""
-    gap0 = untouched["dropped"] - untouched["kept"]
-    return (untouched["dropped"] - arm[DROPPED]["loss"]) / gap0 if gap0 > 0 else None
-
-
-def credited(arm: dict, untouched: dict, kept_tol: float) -> float | None:
-    """The recovery an arm is credited with: min(paired, unpaired), and 0 where its kept-mode
-    loss rose by more than ``kept_tol`` nats (an arm that damages the model with the first
-    token present takes nothing back, whatever its paired figure says)."""
-    paired, alone = recovered(arm, untouched), unpaired(arm, untouched)
-    if paired is None or alone is None:
-        return None
-    if arm[KEPT]["loss"] - untouched["kept"] > kept_tol:
-        return 0.0
-    return min(paired, alone)
-
-
-def _mean_std(values: list[float | None]) -> dict[str, Any]:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return {"mean": None, "std": None, "values": values}
-    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values": values}
-
-
-class _Arms:
-    """The arms' shared inputs: the frozen model, the layer they train from, the window, the
-    cached residual stream of the pool, the development windows the stopping rule reads and
-    the held-out windows in both modes, the measured first-token logits (a sink's start) and
-    the streaming row."""
-
-    def __init__(self, cfg: PretrainedConfig, model: GatedLM, pool, dev, evals, start: int, window: int,
-                 sink_logits: list[list[float]], stream_row: torch.Tensor):
-        self.cfg, self.model, self.start, self.window = cfg, model, start, window
-        self.pool_targets, self.dev_targets, self.eval_targets = pool[:, 1:], dev[:, 1:], evals[:, 1:]
-        self.eval_inputs = evals[:, :-1]
-        self.sink_logits = [torch.tensor(layer) for layer in sink_logits]
-        self.precision = arm_precision(cfg.dtype)
-        self.stream_row = stream_row
-        self.pool_hidden = {m: prefix(model, pool[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
-        self.dev_hidden = {m: prefix(model, dev[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
-        self.eval_hidden = {m: prefix(model, evals[:, :-1], start, window, m) for m in (KEPT, DROPPED)}
-
-    def eval_loss(self, model: GatedLM, mode: str) -> torch.Tensor:
-        with torch.no_grad():
-            return torch.cat([tail_losses(model, h, t, self.start, self.window, mode)
-                              for h, t in zip(self.eval_hidden[mode].split(4), self.eval_targets.split(4))])
-
-    def run(self, arm_name: str, seed: int) -> dict[str, Any]:
-        """One arm trained in both modes on the pool in seed ``seed``'s order, on the same
-        batches, until the stopping rule; per mode its held-out loss and training curve, the
-        per-head figures and trained sink (dropped mode), and for the first order its
-        streaming curve (first token dropped)."""
-        cfg, arm = self.cfg, ARM_SPECS[arm_name]
-        lrs = {f: getattr(cfg, f) for f in ("sink_lr", "gate_lr", "control_lr")}
-        built = {m: build_arm(self.model, arm, self.start, self.sink_logits, lrs, m) for m in (DROPPED, KEPT)}
-        order = torch.randperm(len(self.pool_targets), generator=torch.Generator().manual_seed(seed))
-        trained = train_pair({m: b[0] for m, b in built.items()}, {m: b[1] for m, b in built.items()},
-                             self.pool_hidden, self.pool_targets, order, self.dev_hidden, self.dev_targets,
-                             steps=cfg.steps, batch=cfg.batch, start=self.start, window=self.window,
-                             every=cfg.stop_every, patience=cfg.stop_patience, tol=cfg.stop_tol,
-                             autocast=functools.partial(self.precision.autocast, "cpu"))
-        out: dict[str, Any] = {"steps": trained["steps"], "converged": trained["converged"],
-                               "paired_curve": trained["paired"], "looks": trained["looks"]}
-        for mode, (model, groups) in built.items():
-            losses = self.eval_loss(model, mode)
-            out[mode] = {"loss": losses.mean().item(), "losses": losses.tolist(), "curve": trained["curves"][mode],
-                         "params": sum(p.numel() for g in groups for p in g["params"])}
-        model = built[DROPPED][0]
-        out[DROPPED]["heads"] = head_stats(model, self.eval_inputs[:HEAD_WINDOWS], self.window, DROPPED)
-        if arm.sink_init is not None:
-            out[DROPPED]["sink_logits"] = [b.attn.sink.tolist() for b in model.blocks]
-        if seed == 0:
-            out["streaming"] = _bins(position_losses(model, self.stream_row, self.window, DROPPED))
-        return out
-
-
-def _bins(losses: torch.Tensor) -> list[float]:
-    """A per-position loss curve (T,) as the means of STREAM_BIN positions."""
-    return [losses[b:b + STREAM_BIN].mean().item() for b in range(0, len(losses), STREAM_BIN)]
-
-
-def _arm_summary(name: str, runs: list[dict], untouched: dict, base_first: list[list[float]],
-                 start: int, kept_tol: float) -> dict[str, Any]:
-    """Per data order: the paired, unpaired and credited recovery and the kept-mode change;
-    per (layer >= start, head) the correlation of the untouched model's first-token
-    attention with the arm's sink probability / gate score."""
-    out: dict[str, Any] = {"recovered": _mean_std([recovered(r, untouched) for r in runs]),
-                           "unpaired": _mean_std([unpaired(r, untouched) for r in runs]),
-                           "credited": _mean_std([credited(r, untouched, kept_tol) for r in runs]),
-                           "kept_change": _mean_std([r[KEPT]["loss"] - untouched["kept"] for r in runs]),
-                           "steps": [r["steps"] for r in runs], "converged": [r["converged"] for r in runs]}
-    spec = ARM_SPECS[name]
-    for key in ("sink",) if spec.sink_init else ("gate",) if spec.variant else ():
-        out.update(_on_heads(key, runs, base_first, start))
-    return out
-
-
-def _on_heads(key: str, runs: list[dict], base_first: list[list[float]], start: int) -> dict[str, Any]:
-    """Per data order, Pearson's r over (layer >= start, head) of the untouched model's
-    first-token attention and the arm's ``key`` figure (sink probability or gate score),
-    and that figure's mean; empty where a layer has none."""
-    alpha = [a for layer in base_first[start:] for a in layer]
-    rs = []
-    for r in runs:
-        per_layer = r[DROPPED]["heads"][key][start:]
-        if any(v is None for v in per_layer):
-            continue
-        rs.append(pearson(alpha, [v for layer in per_layer for v in layer]))
-    if not rs:
-        return {}
-    return {f"{key}_r": _mean_std(rs),
-            f"{key}_mean": statistics.fmean(v for r in runs for layer in r[DROPPED]["heads"][key][start:] for v in layer)}
-
-
-def _streaming(cfg: PretrainedConfig, model: GatedLM, row: torch.Tensor, window: int) -> dict:
-    """Per-position loss over one long held-out window (binned by STREAM_BIN): full
-    attention, window W with the first token kept and dropped (each arm's curve, dropped,
-    comes from its first data order)."""
-    curves = {"full": position_losses(model, row, 0, "free"), "kept": position_losses(model, row, window, KEPT),
-              "dropped": position_losses(model, row, window, DROPPED)}
-    n = row.shape[1] - 1
-    return {"window": window, "tokens": n, "bin": STREAM_BIN,
-            "positions": [b + STREAM_BIN / 2 for b in range(0, n, STREAM_BIN)],
-            "curves": {k: _bins(v) for k, v in curves.items()}}
-
-
-def streaming_late(s: dict) -> dict[str, float]:
-    """The mean loss of each streaming curve over the bins past the window (where every query's
-    view has slid past the first token)."""
-    skip = -(-s["window"] // s["bin"])  # the bins that hold positions below W
-    return {k: statistics.fmean(v[skip:]) for k, v in s["curves"].items() if len(v) > skip}
-
-
 class _Inputs:
     """What the stages read, made on first use only: a second call whose stages are all
     done reads neither the model nor the text."""
@@ -324,14 +181,7 @@ class _Inputs:
         return self.windows("val", self.cfg.eval_windows, seed=1)
 
 
-@functools.cache
-def arm_precision(dtype: str) -> Precision:
-    """The precision the arms' steps and the stopping rule's looks run in, and why
-    (``dtype`` resolved once a process); the held-out evaluations run outside it, in fp32."""
-    return resolve_dtype(dtype, "cpu")
-
-
-def _arm_runs(cfg: PretrainedConfig, stages: Stages, shared: Callable[[], _Arms], name: str) -> list[dict]:
+def _arm_runs(cfg: PretrainedConfig, stages: Stages, shared: Callable[[], ArmRunner], name: str) -> list[dict]:
     """Every data order of one arm, each trained with the first token dropped and kept."""
     runs = []
     lrs = {f: getattr(cfg, f) for _, f in ARM_SPECS[name].trains}
@@ -378,10 +228,6 @@ def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
     return results
 
 
-CONTINUED_RUNS = (("baseline", None), ("gated", "gated"))  # App. A.7: as it is, and with a G1 gate retrofitted
-CONTINUED_FIGURES = ("f_attn", "sink_eps", "m_act", "m_act_ratio")  # the sink figures kept of each run
-
-
 def _continued(cfg: PretrainedConfig, stages: Stages, inp: _Inputs) -> dict[str, Any]:
     """Qiu et al. App. A.7 at CPU scale: the whole model trained on, as it is and with a G1
     gate retrofitted (identity init), on the same windows in the same order, in each of
@@ -402,36 +248,14 @@ def _continued(cfg: PretrainedConfig, stages: Stages, inp: _Inputs) -> dict[str,
             def train(variant=variant, seed=seed) -> dict[str, Any]:
                 pool = inp.windows("train", cfg.continued_steps * cfg.batch, 3)
                 order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))
-                model, curve = _continue_training(cfg, inp.model, variant, pool[order])
+                model, curve = continue_training(cfg, inp.model, variant, pool[order])
                 return {**measure(model), "curve": curve}
 
             runs.append(stages.get(f"continued/{name}/{seed}", "continued", train))
             _say(cfg, f"continued pretraining, {name}, order {seed}: held-out loss {runs[-1]['loss']:.3f}, "
                       f"F-Attn {runs[-1]['f_attn']:.3f}")
-        out[name] = {"runs": runs, **{k: _mean_std([r[k] for r in runs]) for k in ("loss", *CONTINUED_FIGURES)}}
+        out[name] = {"runs": runs, **{k: order_stat([r[k] for r in runs]) for k in ("loss", *CONTINUED_FIGURES)}}
     return out
-
-
-def _continue_training(cfg: PretrainedConfig, base: GatedLM, variant: str | None,
-                       pool: torch.Tensor) -> tuple[GatedLM, list[float]]:
-    """A copy of ``base`` (with ``variant``'s gates retrofitted, identity init) trained whole
-    with AdamW on ``pool`` in order, ``batch`` windows a step; the model and its losses."""
-    model = copy.deepcopy(base)
-    if variant is not None:
-        add_gates(model, variant, init="identity")
-    for p in model.parameters():
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.continued_lr)
-    curve = []
-    model.train()
-    for rows in pool.split(cfg.batch):
-        logits = model(rows[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        curve.append(loss.item())
-    return model, curve
 
 
 def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dict[str, Any]) -> None:
@@ -444,9 +268,9 @@ def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dic
     results["first_logits"] = logits
 
     @functools.cache
-    def shared() -> _Arms:
+    def shared() -> ArmRunner:
         drawn = inp.windows("train", cfg.steps * cfg.batch + cfg.dev_windows, 2)  # the pool, then the dev windows
-        return _Arms(cfg, inp.model, drawn[:cfg.steps * cfg.batch], drawn[cfg.steps * cfg.batch:], inp.evals, start,
+        return ArmRunner(cfg, inp.model, drawn[:cfg.steps * cfg.batch], drawn[cfg.steps * cfg.batch:], inp.evals, start,
                      window, logits, inp.text.long_window(cfg.streaming_len))
 
     # the untouched model on the held-out windows at W: the no-op curve's point, where it has one
@@ -463,9 +287,9 @@ def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dic
     for name in cfg.arms:
         runs = _arm_runs(cfg, stages, shared, name)
         results["arms"][name] = {"what": ARM_SPECS[name].what, "params": runs[0][DROPPED]["params"], "runs": runs,
-                                 **_arm_summary(name, runs, untouched, heads["first"], start, cfg.kept_tol)}
+                                 **arm_summary(name, runs, untouched, heads["first"], start, cfg.kept_tol)}
     streaming = stages.get("streaming", "streaming",
-                           lambda: _streaming(cfg, inp.model, inp.text.long_window(cfg.streaming_len), window))
+                           lambda: streaming_curves(inp.model, inp.text.long_window(cfg.streaming_len), window))
     streaming = {**streaming, "curves": {**streaming["curves"], **{
         name: a["runs"][0]["streaming"] for name, a in results["arms"].items() if "streaming" in a["runs"][0]}}}
     streaming["late_mean"] = streaming_late(streaming)
