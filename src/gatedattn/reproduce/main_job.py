@@ -22,7 +22,7 @@ from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.infra.settings import option
 from gatedattn.reproduce.claims import judge_all
-from gatedattn.reproduce.mechanism import MechanismConfig
+from gatedattn.reproduce.mechanism.config import MechanismConfig
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.registry import ALWAYS, Flag, Section
 from gatedattn.reproduce.report import write_report
