@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from gatedattn.layers.config import RopeConfig
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.fmt import finite_or_none, fmt_value
 from gatedattn.models.lm import GatedLM
+from gatedattn.train.metrics import ppl
 
 __all__ = [
     "EXTRAPOLATION_METHODS",
@@ -251,7 +251,7 @@ def analyze(
         "n_sequences": n_sequences,
         "n_tokens": n_tokens,
         "val_loss": _num(val_loss),
-        "val_ppl": _num(math.exp(val_loss) if val_loss < 700 else math.inf),
+        "val_ppl": _num(ppl(val_loss)),
         "first_token": _first_token_record(first_token, starts),
         "windows": {"count": n_sequences, "length": next(iter(seq_lens)) if len(seq_lens) == 1 else None},
         **_attention_results(probe, eps),
