@@ -21,6 +21,7 @@ from gatedattn.analysis.analyze import (
 )
 from gatedattn.analysis.metrics import first_token_attention, massive_activation, sink_fraction, sink_scores
 from gatedattn.analysis.probe import Probe, hooked
+from gatedattn.analysis.result import AnalysisResult
 from gatedattn.layers.config import RopeConfig
 from gatedattn.analysis.probe import ProbeCore
 from gatedattn.analysis.windows import document_windows, val_documents
@@ -100,6 +101,7 @@ def test_analyze_returns_every_key(variant):
     model = perturb(micro(variant))
     r = analyze(model, token_batches(), layers_for_maps=[1])
     assert REQUIRED_KEYS <= set(r)
+    assert set(r) == AnalysisResult.__required_keys__  # the documented type declares every key analyze writes
     assert_finite_json(r)
     L, H = model.cfg.n_layers, model.cfg.attention.n_heads
     assert r["variant"] == variant and r["n_layers"] == L and r["n_heads"] == H

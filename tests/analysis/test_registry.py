@@ -6,9 +6,9 @@ from gatedattn.analysis import analyze
 from gatedattn.analysis.registry import MECHANISM_METRICS, TEXT_METRICS, keys
 from gatedattn.data.backcopy import FALLBACK_TEXT, BigramBackcopy
 from gatedattn.models.lm import GatedLM, ModelConfig
-from gatedattn.reproduce import mechanism, mechanism_report
+from gatedattn.reproduce.mechanism import report as mechanism_report, summary as mechanism_summary
 from gatedattn.reproduce.text import run as text_run
-from gatedattn.reproduce.mechanism_probe import measure
+from gatedattn.reproduce.mechanism.probe import measure
 
 
 def test_every_analysis_metric_is_produced_by_analyze():
@@ -28,7 +28,7 @@ def test_every_mechanism_metric_is_produced_by_the_probe():
 def test_summaries_and_tables_read_the_registry():
     # every registered metric is summarised over the seeds, and nothing that is not registered
     finals = [{**{k: float(i) for k in keys(MECHANISM_METRICS)}, "not_a_metric": 1.0} for i in (1, 3)]
-    summary = mechanism.summarize(finals)
+    summary = mechanism_summary.summarize(finals)
     assert set(summary) == set(keys(MECHANISM_METRICS)) and all(s["mean"] == 2.0 for s in summary.values())
     runs = [{"analysis": {k: float(i) for k in keys(TEXT_METRICS, "analysis")}, "tokens_per_s": 1.0,
              "final_loss": 1.0} for i in (1, 3)]

@@ -93,7 +93,7 @@ def test_bad_batches_are_refused_before_any_run(tmp_path):
 
 
 def _micro_mechanism(out, **changes):
-    from gatedattn.reproduce.mechanism import MechanismConfig
+    from gatedattn.reproduce.mechanism.config import MechanismConfig
 
     return MechanismConfig(**{**dict(variants=("baseline", "gated"), depths=(1,), deep_variants=(), seeds=1, deep_seeds=1,
                                      steps=3, seq_len=16, micro_batch=4, d_model=16, warmup_steps=0, evals=1,
@@ -103,7 +103,7 @@ def _micro_mechanism(out, **changes):
 
 def _no_training(monkeypatch):
     """From now on, a run that would train a step (or a mechanism run trained at all) fails the test."""
-    from gatedattn.reproduce import mechanism
+    from gatedattn.reproduce.mechanism import run as mechanism
     from gatedattn.train import loop
 
     fit = loop._fit
@@ -122,7 +122,7 @@ def _no_training(monkeypatch):
 
 @pytest.mark.slow
 def test_mechanism_runs_in_two_worker_processes_and_are_reused(tmp_path, monkeypatch):
-    from gatedattn.reproduce.mechanism import train_runs
+    from gatedattn.reproduce.mechanism.run import train_runs
 
     cfg = _micro_mechanism(tmp_path / "m")
     first = train_runs(cfg, tmp_path / "m")
@@ -151,7 +151,7 @@ def _study(name, out, data_dir):
     """A micro config of study ``name`` writing into ``out``."""
     from gatedattn.reproduce import RankConfig, TextConfig
     from gatedattn.reproduce.lr_study import LrConfig
-    from gatedattn.reproduce.mechanism_calibration import MechCalibrationConfig
+    from gatedattn.reproduce.mechanism.calibration import MechCalibrationConfig
 
     text = dict(preset="micro", seq_len=32, micro_batch=2, steps=3, evals=1, analysis_sequences=4, multiples=(),
                 compile="off", data_dir=data_dir, out_dir=str(out), progress=False)

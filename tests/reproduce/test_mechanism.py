@@ -14,8 +14,10 @@ from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.models.lm import GatedLM, ModelConfig
 from gatedattn.reproduce.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, uniform_first_token_attention
 from gatedattn import paper as P
-from gatedattn.reproduce.mechanism import MECHANISM_CLAIMS, MechanismConfig, at_layer, judge_mechanism, strongest_layer
-from gatedattn.reproduce.mechanism_probe import measure, query_classes
+from gatedattn.reproduce.mechanism.claims import MECHANISM_CLAIMS, judge_mechanism
+from gatedattn.reproduce.mechanism.config import MechanismConfig
+from gatedattn.reproduce.mechanism.probe import measure, query_classes
+from gatedattn.reproduce.mechanism.summary import at_layer, strongest_layer
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +328,7 @@ def test_default_plan():
 def test_default_training_work_within_its_budget():
     """The main job's mechanism part must stay within 2.3x the training work of the recipe
     the 10-minute budget was measured on (3 variants x 3 seeds at one layer, 2 x 3 at two)."""
-    from gatedattn.reproduce.mechanism import model_parameters, training_work
+    from gatedattn.reproduce.mechanism.run import model_parameters, training_work
 
     before = MechanismConfig(variants=("baseline", "gated", "sink"), seeds=3, deep_seeds=3)
     assert model_parameters(before, "baseline", 1) == 49024 and model_parameters(before, "hyga-sink", 1) == 61377
@@ -416,7 +418,7 @@ def test_task_family_is_a_field():
     assert corpus.task().source != random.task().source and random.task().triggers == (40, 41, 42)
     assert random.task().fingerprint() == BigramBackcopy.random_sparse(
         n_chars=43, trigger_share=0.05, seed=2).fingerprint()
-    from gatedattn.reproduce.mechanism import recipe_of
+    from gatedattn.reproduce.mechanism.run import recipe_of
 
     assert recipe_of(random, "baseline")["task_family"] == "random"
     with pytest.raises(ConfigError, match=r"successors=30 must be in \[1, 21\]"):
@@ -437,8 +439,9 @@ def _fake_record(variant, seed, bos, sink=None):
 def test_results_written_before_hyga_and_deep_seeds_still_render(tmp_path):
     """An older results.json (no deep_seeds, sink_init or task family in its config, no HyGA
     runs) renders; the report names the default variants it lacks and judges the sink claim."""
-    from gatedattn.reproduce.mechanism import build_results, judge_depths
-    from gatedattn.reproduce.mechanism_report import mechanism_section
+    from gatedattn.reproduce.mechanism.claims import judge_depths
+    from gatedattn.reproduce.mechanism.report import mechanism_section
+    from gatedattn.reproduce.mechanism.summary import build_results
 
     cfg = MechanismConfig(variants=("baseline", "gated", "sink"), depths=(1,), deep_variants=(), seeds=2)
     records = [_fake_record("baseline", s, 0.95) for s in range(2)] + [_fake_record("gated", s, 0.1) for s in range(2)]

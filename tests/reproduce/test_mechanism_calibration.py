@@ -6,10 +6,10 @@ import pytest
 
 from gatedattn.cli import main
 from gatedattn.infra.errors import ConfigError
-from gatedattn.reproduce.mechanism import MechanismConfig
-from gatedattn.reproduce.mechanism_calibration import (
+from gatedattn.reproduce.mechanism.calibration import (
     LEVER_NAMES, LEVERS, MechCalibrationConfig, MechLever, lever_row, pick_finalists,
 )
+from gatedattn.reproduce.mechanism.config import MechanismConfig
 
 
 def _record(variant, seed, bos, curve_bos, **final):

@@ -12,8 +12,9 @@ import torch
 from gatedattn.data.backcopy import FALLBACK_TEXT, BigramBackcopy
 from gatedattn.infra.errors import ConfigError
 from gatedattn.models.lm import GatedLM
-from gatedattn.reproduce.mechanism import MechanismConfig, train_config
-from gatedattn.reproduce.mechanism_probe import measure, query_classes
+from gatedattn.reproduce.mechanism.config import MechanismConfig
+from gatedattn.reproduce.mechanism.probe import measure, query_classes
+from gatedattn.reproduce.mechanism.run import train_config
 from gatedattn.train.optim import build_optimizer
 
 
@@ -177,7 +178,7 @@ def test_sink_logit_meets_the_scaled_scores_and_the_probe_reads_its_share(task, 
 
 
 def test_sink_init_starts_the_sink_arms_only(task):
-    from gatedattn.reproduce.mechanism import LATER_RECIPE_FIELDS, recipe_of
+    from gatedattn.reproduce.mechanism.run import LATER_RECIPE_FIELDS, recipe_of
 
     head_start = MechanismConfig(sink_init=3.0, progress=False)
     plain = MechanismConfig(progress=False)
@@ -197,7 +198,7 @@ def test_sink_init_starts_the_sink_arms_only(task):
 
 
 def test_the_mlp_lever_builds_a_two_matrix_mlp_and_keeps_older_runs(task):
-    from gatedattn.reproduce.mechanism import LATER_RECIPE_FIELDS, recipe_of
+    from gatedattn.reproduce.mechanism.run import LATER_RECIPE_FIELDS, recipe_of
 
     relu, plain = MechanismConfig(mlp="relu", progress=False), MechanismConfig(progress=False)
     model = GatedLM(train_config(relu, Path("d"), Path("r"), "sink", 1, 0).model.build(
@@ -211,7 +212,7 @@ def test_the_mlp_lever_builds_a_two_matrix_mlp_and_keeps_older_runs(task):
 
 
 def test_the_mlp_width_lever_sets_the_hidden_width_and_keeps_older_runs(task):
-    from gatedattn.reproduce.mechanism import LATER_RECIPE_FIELDS, recipe_of
+    from gatedattn.reproduce.mechanism.run import LATER_RECIPE_FIELDS, recipe_of
 
     wide, plain = MechanismConfig(mlp_ratio=8, mlp="relu", progress=False), MechanismConfig(progress=False)
     model = GatedLM(train_config(wide, Path("d"), Path("r"), "baseline", 1, 0).model.build(
@@ -229,7 +230,7 @@ def test_the_mlp_width_lever_sets_the_hidden_width_and_keeps_older_runs(task):
 
 
 def test_the_init_scale_lever_draws_the_weight_matrices_at_its_std(task):
-    from gatedattn.reproduce.mechanism import LATER_RECIPE_FIELDS, recipe_of
+    from gatedattn.reproduce.mechanism.run import LATER_RECIPE_FIELDS, recipe_of
 
     wide, plain = MechanismConfig(init_std=0.5, progress=False), MechanismConfig(progress=False)
     torch.manual_seed(0)

@@ -45,8 +45,10 @@ from gatedattn.analysis.analyze import (  # noqa: E402  (after the metrics it us
     load_any,
 )
 from gatedattn.analysis.probe import Probe, hooked  # noqa: E402
+from gatedattn.analysis.result import AnalysisResult  # noqa: E402
 
 __all__ = [
+    "AnalysisResult",
     "FirstToken",
     "Probe",
     "analyze",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from torch import Tensor, nn
 
 from gatedattn.analysis.metrics import SINK_EPS, GateStats, sink_fraction, sink_fraction_per_layer
 from gatedattn.analysis.probe import Probe, attention_layers
+from gatedattn.analysis.result import AnalysisResult
 from gatedattn.analysis.windows import FirstToken
 from gatedattn.hf.load import load_model
 from gatedattn.models.casts import FrozenCasts
@@ -34,6 +34,7 @@ from gatedattn.layers.config import RopeConfig
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.fmt import finite_or_none, fmt_value
 from gatedattn.models.lm import GatedLM
+from gatedattn.train.metrics import ppl
 
 __all__ = [
     "EXTRAPOLATION_METHODS",
@@ -160,7 +161,7 @@ def analyze(
     n_bins: int = 100,
     first_token: FirstToken | None = None,
     n_top_channels: int = 5,
-) -> dict[str, Any]:
+) -> AnalysisResult:
     """Run ``model`` (eval, no grad) over token batches (B, T+1) and measure it.
 
     Inputs are ``batch[:, :-1]``, targets ``batch[:, 1:]``. The model is read only through
@@ -175,42 +176,10 @@ def analyze(
     with (recorded; with a ``bos`` / ``id`` mode every window must start with its id).
     ``n_top_channels``: how many model-wide largest activations ``m_act_channels`` lists.
 
-    Returns a JSON-serialisable dict:
-
-    - ``variant``, ``n_layers``, ``n_heads``, ``seq_len`` (T, None if batches differ),
-      ``n_sequences``, ``n_tokens`` (predicted tokens), ``val_loss``, ``val_ppl``;
-    - ``first_token``: ``{"mode", "id"}`` as given, or ``{"mode": "unspecified", "id": the
-      id every window starts with (None if they differ)}``; ``windows``: ``{"count",
-      "length"}`` (``n_sequences`` and ``seq_len``);
-    - ``f_attn`` (mean over layers), ``f_attn_per_layer``, ``f_attn_per_head`` (L x H:
-      per head, the mean attention on position 0 over queries 1..T-1);
-    - ``value_drain_per_head`` (L x Hkv) and ``value_drain_per_layer``: ``mean ||v_0|| /
-      mean over i >= 1 of ||v_i||`` of the value states the attention mixes (after the
-      value projection and a g2 gate, before attention; L2 norm per head, means over
-      sequences; per layer the heads pooled), below 1 when the first value is drained;
-    - ``residual_peak_per_layer``: the same ratio for the residual stream output of each
-      block (``||h_0|| / mean over i >= 1 of ||h_i||``, norms over channels);
-    - ``m_act_channels``: ``per_layer`` (one ``{layer, channel, position, sequence,
-      value}`` per layer: where its largest |h| sits, ``value`` the signed h) and ``top``
-      (the ``n_top_channels`` largest |h| of the model over (layer, position, channel),
-      each at its largest over sequences, largest first, same fields);
-    - ``sink_eps`` (fraction of (layer, head) pairs with alpha > ``eps``),
-      ``sink_eps_per_layer``, ``sink_alpha`` (L x H), ``eps``;
-    - ``sink_mass`` / ``sink_mass_per_layer``: mean probability on the learnable sink
-      (None without one; F-Attn counts only key 0, never the sink);
-    - ``m_act`` (max over layers of max |h| of the block output), ``m_act_per_layer``,
-      ``m_act_ratio_per_layer`` (max |h| / median |h|; the median is the median of
-      per-batch medians), ``m_act_ratio`` (the ratio at ``m_act_layer``, so it
-      describes ``m_act`` itself) and ``m_act_ratio_max`` (the largest ratio of any layer),
-      ``m_act_median_per_layer``, ``m_act_layer`` (the layer of ``m_act``) and
-      ``m_act_location_per_layer`` ([sequence, position, channel] of each layer's max);
-    - gates (all ``None`` for an ungated model): ``gate_mean``, ``gate_frac_below_0.01``,
-      ``gate_frac_below_0.001``, ``gate_count``, ``gate_per_layer`` (one summary dict per
-      layer), ``gate_mean_per_layer``, ``gate_per_score`` (summaries per score name:
-      ``score`` is the X / fused X+H score, ``h_score`` the separate H score under
-      multiplicative fusion, ``c.score`` HyGA's cross-head score), ``gate_histogram``
-      (``edges``, ``counts`` over [0, 1], plus ``underflow`` / ``overflow`` / ``nan``);
-    - ``attention_maps``: ``{str(layer): nested lists}``.
+    Returns an :class:`~gatedattn.analysis.result.AnalysisResult`: the run, attention on
+    the first position (F-Attn, Sink^eps, a learnable sink's mass), massive activations
+    and the channels that carry them, the first position's value and residual states,
+    the gates' scores and the attention maps, each key documented where the type declares it.
     """
     blocks = attention_layers(model)
     n_layers = len(blocks)
@@ -243,7 +212,7 @@ def analyze(
         raise GatedAttnError("analyze got no batches to run")
 
     val_loss = loss_sum / n_tokens
-    result: dict[str, Any] = {
+    result: AnalysisResult = {
         "variant": getattr(cfg, "variant", type(model).__name__),
         "n_layers": n_layers,
         "n_heads": int(probe.attention[0].sink_scores().numel()),
@@ -251,7 +220,7 @@ def analyze(
         "n_sequences": n_sequences,
         "n_tokens": n_tokens,
         "val_loss": _num(val_loss),
-        "val_ppl": _num(math.exp(val_loss) if val_loss < 700 else math.inf),
+        "val_ppl": _num(ppl(val_loss)),
         "first_token": _first_token_record(first_token, starts),
         "windows": {"count": n_sequences, "length": next(iter(seq_lens)) if len(seq_lens) == 1 else None},
         **_attention_results(probe, eps),
@@ -538,7 +507,7 @@ def _channel_line(r: dict[str, Any]) -> str | None:
     return "largest |h|: " + "; ".join(items)
 
 
-def format_analysis(r: dict[str, Any]) -> str:
+def format_analysis(r: AnalysisResult) -> str:
     """A readable per-layer table of an :func:`analyze` result."""
     lines = [
         f"variant {r['variant']}: {r['n_layers']} layers, {r['n_heads']} heads; "

@@ -34,6 +34,7 @@ import numpy as np
 
 from gatedattn.analysis.analyze import (analyze, extrapolate, extrapolation_curves, format_analysis,
                                         format_extrapolation, load_any)
+from gatedattn.analysis.result import AnalysisResult
 from gatedattn.analysis.windows import (document_windows, model_tokenizer, parse_first_token, resolve_first_token,
                                         text_documents, tokenize_documents, tokenizer_bos, tokenizer_convention,
                                         val_documents)
@@ -273,7 +274,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _analysis_plots(r: dict[str, Any], out: Path) -> list[Path]:
+def _analysis_plots(r: AnalysisResult, out: Path) -> list[Path]:
     from gatedattn.analysis import plots  # lazy: heavy (matplotlib)
 
     name = r["variant"]

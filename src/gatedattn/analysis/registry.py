@@ -3,7 +3,7 @@ tables, which way is better, and what produces it.
 
 ``source`` names the producer: ``analysis`` (:func:`gatedattn.analysis.analyze`, natural
 text), ``run`` (the trainer's record of a run), ``mechanism``
-(:func:`gatedattn.reproduce.mechanism_probe.measure`, Bigram-Backcopy by query class).
+(:func:`gatedattn.reproduce.mechanism.probe.measure`, Bigram-Backcopy by query class).
 The main job's summaries and results table, the mechanism study's summaries and table
 read these lists; a new metric is one line here plus the code that computes it.
 """

@@ -273,9 +273,9 @@ def run_calibration(cfg: CalibrationConfig, command: str | None = None) -> Path:
     step_s: dict[str, float] = {}
     to_time = [lever.name for lever in todo if lever.name not in started_steps]
     if cfg.steps is None and to_time:
-        _say(f"timing the training step of {', '.join(to_time)} in interleaved rounds")
+        say("calibrate", f"timing the training step of {', '.join(to_time)} in interleaved rounds")
         step_s = time_levers(cfg, data_dirs, names=to_time)
-        _say(", ".join(f"{k} {v:.2f}s" for k, v in step_s.items()))
+        say("calibrate", ", ".join(f"{k} {v:.2f}s" for k, v in step_s.items()))
     rows = dict(done)  # every finished row is kept from the start, so an interruption loses none
 
     def save() -> None:
@@ -284,7 +284,7 @@ def run_calibration(cfg: CalibrationConfig, command: str | None = None) -> Path:
 
     save()
     for lever in todo:
-        _say(f"lever {lever.name}: {lever.what}")
+        say("calibrate", f"lever {lever.name}: {lever.what}")
         row = run_lever(cfg, lever, data_dirs[lever.name], out, step_s.get(lever.name),
                         steps=started_steps.get(lever.name))
         rows[lever.name] = {**row, "session": len(commands) + 1}
@@ -327,10 +327,6 @@ def rank(rows: list[dict[str, Any]]) -> list[str]:
     """Lever names, strongest sink first (Sink^eps, then the strongest layer's F-Attn
     relative to uniform attention)."""
     return [r["lever"] for r in sorted(rows, key=lambda r: (r["sink_eps"], sink_score(r)), reverse=True)]
-
-
-def _say(msg: str) -> None:
-    say("calibrate", msg)
 
 
 FLAGS: dict[str, Flag] = {

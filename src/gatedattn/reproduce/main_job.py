@@ -22,7 +22,7 @@ from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.infra.settings import option
 from gatedattn.reproduce.claims import judge_all
-from gatedattn.reproduce.mechanism import MechanismConfig
+from gatedattn.reproduce.mechanism.config import MechanismConfig
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.registry import ALWAYS, Flag, Section
 from gatedattn.reproduce.report import write_report
@@ -30,10 +30,6 @@ from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
 from gatedattn.reproduce.text.run import start_study, study_meta, text_part
 
 NAME = "main"  # the study's name in the registry
-
-
-def _say(msg: str) -> None:
-    say("reproduce", msg)
 
 
 @dataclass(frozen=True)
@@ -101,10 +97,10 @@ def reproduce(cfg: TextConfig, command: str | None = None, *, parts: Sequence[Ma
         results = {"study": cfg.STUDY, "config": {"out_dir": cfg.out_dir, "natural_text": False}}
     for part in parts:
         part_started = time.time()
-        _say(f"{part.key}: starting")
+        say("reproduce", f"{part.key}: starting")
         results[part.key] = part.run(out)
         results[part.key].setdefault("minutes", (time.time() - part_started) / 60)
-        _say(f"{part.key} done in {results[part.key]['minutes']:.1f} min")
+        say("reproduce", f"{part.key} done in {results[part.key]['minutes']:.1f} min")
         atomic_write_json(out / "results.json", json_safe(results))
     if natural_text:
         cfg = text_part(cfg, data_dir, data, out, results)

@@ -23,9 +23,12 @@ from typing import Any
 
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
-from gatedattn.reproduce import calibration, lr_study, main_job, mechanism, mechanism_calibration, rank_sweep
+from gatedattn.reproduce import calibration, lr_study, main_job, rank_sweep
 from gatedattn.reproduce.main_job import MainPart, ReproduceConfig, rejudge, reproduce
-from gatedattn.reproduce.mechanism_report import mechanism_part, run_study as run_mechanism, write_mechanism_report
+from gatedattn.reproduce.mechanism import calibration as mechanism_calibration, config as mechanism_config
+from gatedattn.reproduce.mechanism.claims import judge_depths
+from gatedattn.reproduce.mechanism.report import mechanism_part, write_mechanism_report
+from gatedattn.reproduce.mechanism.run import run_part as run_mechanism_part, run_study as run_mechanism
 from gatedattn.reproduce.pretrained import config as pretrained_config
 from gatedattn.reproduce.pretrained.report import pretrained_part
 from gatedattn.reproduce.pretrained import study as pretrained_study
@@ -42,7 +45,7 @@ def _fold_sections() -> dict[str, Section]:
 def _main_parts(cfg: ReproduceConfig | None = None) -> list[MainPart]:
     """The main job's parts before natural text, in order (those its config leaves out
     left out; with no config, every one, for writing a report again)."""
-    parts = [("mechanism", mechanism.run_part, mechanism_part, mechanism.judge_depths),
+    parts = [("mechanism", run_mechanism_part, mechanism_part, judge_depths),
              ("pretrained", pretrained_study.run_part, pretrained_part, pretrained_study.judge_part)]
     return [MainPart(key, functools.partial(run, getattr(cfg, key)) if cfg is not None else None, section, judge)
             for key, run, section, judge in parts if cfg is None or getattr(cfg, key) is not None]
@@ -63,7 +66,7 @@ def _text_report(results: dict[str, Any], out: Path) -> Path:
 
 
 def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
-    return write_mechanism_report(mechanism.judge_depths(results), out)
+    return write_mechanism_report(judge_depths(results), out)
 
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
@@ -75,8 +78,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           run_pretrained, report=rewrite_pretrained_report),
     Study(text_config.NAME, "the natural-text study alone (the main job's second part)", text_config.TextConfig,
           text_config.RUN_APART_FLAGS, _run_text, report=_text_report),
-    Study("mechanism", "the Bigram-Backcopy mechanism study (attention sinks in one-head models, minutes on a CPU)",
-          mechanism.MechanismConfig, mechanism.FLAGS, run_mechanism, report=_mechanism_report),
+    Study(mechanism_config.NAME, "the Bigram-Backcopy mechanism study (attention sinks in one-head models, minutes "
+                                 "on a CPU)", mechanism_config.MechanismConfig, mechanism_config.FLAGS, run_mechanism,
+          report=_mechanism_report),
     Study(lr_study.NAME, "the learning-rate stability study", lr_study.LrConfig, lr_study.FLAGS, lr_study.run_lr,
           report=lr_study.write_lr_report, key=lr_study.KEY, section=lr_study.lr_section, claims=lr_study.CLAIMS),
     Study(rank_sweep.NAME, "the HyGA low-rank width sweep", rank_sweep.RankConfig, rank_sweep.FLAGS,
@@ -85,7 +89,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("calibrate", "the natural-text sink calibration (when the baseline's first-token sink forms, per lever)",
           calibration.CalibrationConfig, calibration.FLAGS, calibration.run_calibration,
           report=calibration.rewrite_calibration_report, takes_sets=False),
-    Study("calibrate-mechanism", "the mechanism recipe's calibration (which recipe grows the full Bigram-Backcopy "
+    Study(mechanism_calibration.NAME, "the mechanism recipe's calibration (which recipe grows the full Bigram-Backcopy "
                                  "sink; the gate on every one)", mechanism_calibration.MechCalibrationConfig,
           mechanism_calibration.FLAGS, mechanism_calibration.run_mechanism_calibration, takes_sets=False),
 )}

@@ -34,9 +34,9 @@ from gatedattn.train import rundir
 from gatedattn.train.compile_auto import CompileProbe
 from gatedattn.train.config import TrainConfig
 from gatedattn.train.init_from import load_init_model, recorded_model_config
-from gatedattn.train.metrics import MetricsLog, SpeedMeter
+from gatedattn.train.metrics import MetricsLog, SpeedMeter, ppl
 from gatedattn.train.optim import trainable_names
-from gatedattn.train.trainer import EvalHook, StepStats, Trainer, ppl
+from gatedattn.train.trainer import EvalHook, StepStats, Trainer
 
 
 @dataclass

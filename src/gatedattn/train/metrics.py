@@ -36,6 +36,11 @@ CSV_FIRST = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "model
              "elapsed_s", "spikes", "skipped_steps", "val_loss", "val_ppl")
 
 
+def ppl(loss: float) -> float:
+    """The perplexity of a mean cross-entropy ``loss`` (nats); inf where exp overflows."""
+    return math.exp(loss) if loss < 700 else math.inf
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl`` (a run directory's, or the file itself); a torn
     last line (crash mid-write) is dropped. Non-finite numbers read back as None."""

@@ -42,7 +42,7 @@ from gatedattn.train import distributed as D
 from gatedattn.train import rundir
 from gatedattn.train.config import TrainConfig
 from gatedattn.train.divergence import step_reason
-from gatedattn.train.metrics import MetricsLog, SpikeTracker
+from gatedattn.train.metrics import MetricsLog, SpikeTracker, ppl
 from gatedattn.train.init_from import load_init_model
 from gatedattn.train.optim import build_optimizer, freeze, lr_at
 
@@ -112,10 +112,6 @@ def train_loss(model: torch.nn.Module, batch: torch.Tensor, fused: bool) -> torc
     if fused:
         return model(batch[:, :-1], targets=batch[:, 1:])
     return lm_loss(model(batch[:, :-1]), batch)
-
-
-def ppl(loss: float) -> float:
-    return math.exp(loss) if loss < 700 else math.inf
 
 
 def local_env(device: str = "auto") -> D.DistEnv:

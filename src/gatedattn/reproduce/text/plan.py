@@ -20,10 +20,6 @@ from gatedattn.reproduce.text.config import TextConfig
 from gatedattn.train.step_timer import train_step_fn
 
 
-def _say(msg: str) -> None:
-    say("reproduce", msg)
-
-
 def step_fn(cfg: TextConfig, variant: str, data: TokenData):
     """One training step of ``variant`` under the study's recipe, as a function (for timing)."""
     return train_step_fn(cfg.step_config(variant), data)
@@ -46,7 +42,7 @@ def plan_steps(cfg: TextConfig, data: TokenData, n_runs_per_variant: int,
     step_s = time_steps(cfg, data)
     steps = _fit(cfg, {v: s * (counts or {}).get(v, 1) for v, s in step_s.items()}, n_runs_per_variant)
     eta = time.strftime("%H:%M", time.localtime(time.time() + cfg.budget_minutes * 60))
-    _say(f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run "
+    say("reproduce", f"timed steps {', '.join(f'{v} {s:.2f}s' for v, s in step_s.items())}: {steps} steps per run "
          f"({steps * cfg.train.micro_batch * cfg.train.seq_len / 1e6:.2f} M tokens, the same for every variant) fit "
          f"{cfg.budget_minutes:g} min; ETA {eta}")
     return steps, step_s
@@ -95,7 +91,7 @@ def choose_compile(cfg: TextConfig, data: TokenData, steps: int,
 def _say_compile(d: dict[str, Any]) -> None:
     steps = ", ".join(f"{v} {t:.2f}s" for v, t in d["compiled_step_s"].items())
     compiling = ", ".join(f"{v} {t:.0f}s" for v, t in d["compile_s"].items())
-    _say(f"compiled steps {steps} after {compiling} of compiling: {d['compiled_steps']} steps fit, eager "
+    say("reproduce", f"compiled steps {steps} after {compiling} of compiling: {d['compiled_steps']} steps fit, eager "
          f"{d['eager_steps']}: {'compiling' if d['compile'] else 'eager'}")
 
 

@@ -55,13 +55,9 @@ def ensure_data(cfg: TextConfig) -> Path:
         return Path(cfg.data_dir)
     path = default_data_dir()
     if not (path / "manifest.json").is_file():
-        _say(f"preparing the default corpus into {path} (once)")
+        say("reproduce", f"preparing the default corpus into {path} (once)")
         prepare(None, path, default_corpus=True, progress=cfg.train.progress)
     return path
-
-
-def _say(msg: str) -> None:
-    say("reproduce", msg)
 
 
 class SinkTracker:
@@ -96,7 +92,7 @@ def run_one(cfg: TextConfig, data_dir: Path, data: TokenData, variant: str, seed
     """Train (or resume) and analyse the run :func:`text_run` describes; its record."""
     run_dir = out / "runs" / tag
     tcfg = cfg.train_config(variant, seed, steps=steps, out_dir=str(run_dir), lr=lr).replace(data_dir=str(data_dir))
-    _say(f"training {tag}: {steps} steps of {tcfg.micro_batch}x{tcfg.seq_len} tokens")
+    say("reproduce", f"training {tag}: {steps} steps of {tcfg.micro_batch}x{tcfg.seq_len} tokens")
     hook = SinkTracker(data, tcfg.seq_len) if analyse else None
     result = train(tcfg, eval_hook=hook, resume=True)
     check_interrupted(result, tag)
@@ -120,11 +116,11 @@ def analyse_run(cfg: TextConfig, data: TokenData, run_dir: Path, final_dir: str,
                                                "multiples": list(cfg.multiples), "seq_len": seq_len})
     saved = cache.load()
     if saved is not None:
-        _say(f"reusing the analysis of {tag}")
+        say("reproduce", f"reusing the analysis of {tag}")
         return saved["run"]
     model = GatedLM.from_pretrained(final_dir)
     batches = data.val_batches(seq_len=seq_len, batch_size=8, max_batches=math.ceil(cfg.analysis_sequences / 8))
-    _say(f"analysing {tag}")
+    say("reproduce", f"analysing {tag}")
     found = {"analysis": analyze(model, batches, layers_for_maps=[model.cfg.n_layers // 2])}
     if cfg.multiples:
         found["extrapolation"] = extrapolate(model, data, train_len=seq_len, multiples=cfg.multiples, batch_size=4)
@@ -245,7 +241,7 @@ def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path, resul
     results["text_minutes"] = (time.time() - started) / 60
     add_strongest_layer(results)
     results["gate_cost"] = gate_costs(cfg, data, [*cfg.variants, "gated", "hyga-lowrank"])
-    _say("timing training steps of each variant in interleaved rounds")
+    say("reproduce", "timing training steps of each variant in interleaved rounds")
     samples = interleaved_times({v: step_fn(cfg, v, data) for v in cfg.variants}, repeats=cfg.timing_rounds,
                                 warmup=2, per_sample=3)
     results["step_time_samples"] = samples
