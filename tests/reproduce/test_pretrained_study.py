@@ -21,7 +21,7 @@ from gatedattn.reproduce.pretrained.arms import (ARM_SPECS, KEPT_SINK_SHARE, bui
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, prefix, tail_losses, window_losses
 from gatedattn.reproduce.pretrained.measure import noop_curve, pearson
-from gatedattn.reproduce.pretrained.recovery import credited, recovered, unpaired
+from gatedattn.reproduce.pretrained.recovery import credit_old_results, credited, recovered, unpaired
 from gatedattn.reproduce.pretrained.study import choose_window, start_layer
 
 
@@ -266,6 +266,20 @@ def test_the_report_shows_every_recovery_side_by_side_and_the_shares_of_the_firs
            "together (the sink with a bias) 0.90" in _shares(r)
     stream = "\n".join(_streaming_lines(r))
     assert "| dropped, `sink` trained (order 0) | 3.015 | 1.015 |" in stream
+
+
+def test_results_from_before_the_credit_rule_are_credited_by_it():
+    """An old report's arms (paired figure only) are judged by min(paired, unpaired) and the
+    kept-mode tolerance, not by their paired figure."""
+    untouched = {"kept": 3.0, "dropped": 4.0}
+    runs = [{DROPPED: {"loss": 3.4}, KEPT: {"loss": 3.0}},  # paired 0.6, unpaired 0.6
+            {DROPPED: {"loss": 3.6}, KEPT: {"loss": 3.5}}]  # paired 0.9, but the kept mode rose 0.5
+    part = {"config": {}, "untouched": untouched, "arms": {"sink": {"recovered": {"mean": 0.75}, "runs": runs}}}
+    credit_old_results(part, 0.02)
+    assert part["config"]["kept_tol"] == 0.02
+    assert part["arms"]["sink"]["credited"]["values"] == pytest.approx([0.6, 0.0])
+    credit_old_results(part, 0.5)  # judged once: a second reading changes nothing
+    assert part["config"]["kept_tol"] == 0.02
 
 
 def test_recovered_takes_the_arms_adaptation_to_the_text_out():

@@ -84,3 +84,15 @@ def on_heads(key: str, runs: list[dict], base_first: list[list[float]], start: i
         return {}
     return {f"{key}_r": order_stat(rs),
             f"{key}_mean": statistics.fmean(v for r in runs for layer in r[DROPPED]["heads"][key][start:] for v in layer)}
+
+
+def credit_old_results(part: dict[str, Any], kept_tol: float) -> None:
+    """Results written before the credit rule (arms without ``credited``) get it, applied
+    to the held-out losses each run kept, with ``kept_tol`` recorded in their config as the
+    tolerance it was judged with."""
+    arms = part.get("arms", {})
+    if not any("credited" not in a for a in arms.values()):
+        return
+    kept_tol = part["config"].setdefault("kept_tol", kept_tol)
+    for a in arms.values():
+        a["credited"] = order_stat([credited(r, part["untouched"], kept_tol) for r in a["runs"]])

@@ -32,7 +32,7 @@ from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.pretrained.continued import CONTINUED_FIGURES, CONTINUED_RUNS, continue_training
 from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, window_losses
 from gatedattn.reproduce.pretrained.measure import gap, noop_curve, noop_point, sink_figures, streaming_curves, streaming_late
-from gatedattn.reproduce.pretrained.recovery import arm_summary, order_stat
+from gatedattn.reproduce.pretrained.recovery import arm_summary, credit_old_results, order_stat
 from gatedattn.reproduce.pretrained.report import write_pretrained_report
 from gatedattn.reproduce.pretrained.text import study_text
 
@@ -314,7 +314,10 @@ def rewrite_pretrained_report(results: dict[str, Any], out: Path) -> Path:
 
 
 def judge_part(part: dict[str, Any]) -> dict[str, Any]:
-    """The study's results with its claims judged (anew) by the current rules."""
+    """The study's results with its claims judged (anew) by the current rules. Results
+    written before the credit rule get it applied, with the default tolerance, to the
+    held-out losses they kept, so that no old report credits a paired figure alone."""
+    credit_old_results(part, PretrainedConfig().kept_tol)
     part["claims"] = claims.judge(part)
     return part
 
