@@ -177,14 +177,13 @@ def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (
     out.mkdir(parents=True, exist_ok=True)
     if "variants" not in results:
         return _write_parts_report(results, out, parts)
-    return _write_text_report(results, out, sections, parts, plots)
+    return _write_text_report(results, out, sections, parts, make_plots(results, out) if plots else {})
 
 
 def _write_text_report(results: dict, out: Path, sections: Sequence[Section],
-                       parts: Sequence[tuple[str, Part]], plots: bool = True) -> Path:
+                       parts: Sequence[tuple[str, Part]], made: dict[str, str]) -> Path:
     """``report.md`` of a job with natural text: the parts before it, then its setup,
     claims, results, per-layer tables and plots, and the sections folded in."""
-    made = make_plots(results, out) if plots else {}
     claims = results.get("claims") or judge_all(results)
     variants = list(results["variants"])
     lines = ["# gatedattn reproduction report", ""]
