@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from matplotlib.image import imread
@@ -224,12 +225,25 @@ def test_first_position_norm_ratio_and_accumulators_on_known_values():
 
 
 @pytest.mark.filterwarnings("error")
-def test_first_token_map_and_sink_profile_plots(tmp_path):
+def test_first_token_map_and_sink_profile_plots(tmp_path, monkeypatch):
+    figures, save = [], plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or save(fig, path))  # still written
     r = analyze(perturbed("gated"), [batch()])
     for fn, name in ((plots.plot_first_token_map, "map.png"), (plots.plot_sink_profile, "profile.png")):
         path = fn(r, tmp_path / name)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert imread(path)[..., :3].std() > 0
+    # the map is the per-head first-token attention (layers x heads); the profile draws each
+    # per-layer figure against its no-sink level (uniform attention, ratio 1)
+    (heat,) = [ax for ax in figures[0].axes if ax.images]
+    assert heat.get_title() == "gated: attention on the first token per head"
+    assert np.allclose(heat.images[0].get_array(), r["f_attn_per_head"])
+    drawn = {ax.get_ylabel(): ax.lines for ax in figures[1].axes if ax.lines}
+    assert [line.get_label() for line in drawn["F-Attn"]] == ["gated", "uniform"]
+    for label, key in (("F-Attn", "f_attn_per_layer"), ("value drain |v0| / |vi|", "value_drain_per_layer"),
+                       ("residual peak |h0| / |hi|", "residual_peak_per_layer")):
+        assert np.allclose(drawn[label][0].get_ydata(), r[key])
+    assert all(np.allclose(drawn[label][1].get_ydata(), 1.0) for label in list(drawn)[1:])
     # missing values (a JSON result's None) are drawn as gaps, not errors
     r["f_attn_per_head"][0][1] = None
     r["value_drain_per_layer"] = [None, None]

@@ -1,4 +1,6 @@
-"""Each plot writes a valid PNG of the requested size, atomically, for odd inputs too."""
+"""Each plot writes a valid PNG of the requested size, atomically, for odd inputs too, and
+draws what it was given: the figure saved (caught on its way to the file) is read back for
+its lines, labels, legends, images and scales."""
 
 from __future__ import annotations
 
@@ -26,6 +28,28 @@ def check_png(path: Path, out_dir: Path, size: tuple[float, float] = SIZE) -> No
     assert sorted(p.name for p in out_dir.iterdir()) == [path.name]  # no temp file left
 
 
+@pytest.fixture
+def figures(monkeypatch) -> list:
+    """The figures the plot functions save, in order (each still written to its file)."""
+    saved = []
+    real = plots._save
+
+    def save(fig, path):
+        saved.append(fig)
+        return real(fig, path)
+
+    monkeypatch.setattr(plots, "_save", save)
+    return saved
+
+
+def ydata(line) -> list[float]:
+    return [round(float(y), 6) for y in np.asarray(line.get_ydata(), dtype=np.float64)]
+
+
+def legend(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []
+
+
 def curve(n: int, start: float, seed: int = 0) -> dict[str, list[float]]:
     rng = np.random.default_rng(seed)
     steps = list(range(0, 10 * n, 10))
@@ -46,9 +70,21 @@ def curve(n: int, start: float, seed: int = 0) -> dict[str, list[float]]:
     ],
     ids=["two-variants", "single", "nan", "seeds"],
 )
-def test_plot_loss_curves(tmp_path, curves):
+def test_plot_loss_curves(tmp_path, curves, figures):
     path = plots.plot_loss_curves(curves, tmp_path / "loss.png", title="train", figsize=SIZE)
     check_png(path, tmp_path)
+    (ax,) = figures[0].axes
+    assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == ("train", "step", "loss")
+    assert len(ax.lines) == len(curves)  # one line a variant (seeds: their mean, with a band)
+    for line, (name, c) in zip(ax.lines, sorted(curves.items())):
+        assert line.get_color() == plots.variant_color(name) and line.get_label().startswith(name)
+        if isinstance(c, dict):
+            assert line.get_xdata().tolist() == c["steps"] and np.allclose(line.get_ydata(), c["loss"], equal_nan=True)
+        else:
+            assert line.get_label() == f"{name} (mean ± std, {len(c)} seeds)"
+            assert len(line.get_xdata()) == max(len(run["steps"]) for run in c)
+    assert legend(ax) == [line.get_label() for line in ax.lines]
+    assert len(ax.collections) == sum(isinstance(c, list) for c in curves.values())  # a std band per seeded variant
 
 
 def test_seed_band_is_mean_and_sample_std_over_logged_steps():
@@ -69,27 +105,35 @@ def test_seed_band_is_mean_and_sample_std_over_logged_steps():
 
 
 @pytest.mark.parametrize("log", [False, True])
-def test_plot_per_layer(tmp_path, log):
+def test_plot_per_layer(tmp_path, log, figures):
     values = {"baseline": [1.0, 800.0, 1053.0, NAN], "g1": [1.0, 50.0, 94.0, 90.0]}
     path = plots.plot_per_layer(
         values, tmp_path / "mact.png", ylabel="M-Act", title="M-Act", log=log, figsize=SIZE
     )
     check_png(path, tmp_path)
+    (ax,) = figures[0].axes
+    assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == ("M-Act", "layer", "M-Act")
+    assert ax.get_yscale() == ("log" if log else "linear") and legend(ax) == ["baseline", "g1"]
+    assert [ydata(line)[:3] for line in ax.lines] == [[1.0, 800.0, 1053.0], [1.0, 50.0, 94.0]]
+    assert math.isnan(ydata(ax.lines[0])[3]) and ax.lines[0].get_xdata().tolist() == [0, 1, 2, 3]
 
 
-def test_log_axis_with_nothing_positive_falls_back_to_linear(tmp_path):
+def test_log_axis_with_nothing_positive_falls_back_to_linear(tmp_path, figures):
     values = {"g1": [0.0, NAN]}
     path = plots.plot_per_layer(
         values, tmp_path / "f.png", ylabel="F-Attn", title="F", log=True, figsize=SIZE
     )
     check_png(path, tmp_path)
+    assert figures[0].axes[0].get_yscale() == "linear"
 
 
-def test_plot_per_layer_single_variant(tmp_path):
+def test_plot_per_layer_single_variant(tmp_path, figures):
     path = plots.plot_per_layer(
         {"g1": [0.05]}, tmp_path / "fattn.png", ylabel="F-Attn", title="F", figsize=SIZE
     )
     check_png(path, tmp_path)
+    (line,) = figures[0].axes[0].lines
+    assert ydata(line) == [0.05] and line.get_marker() == "o"  # a single point still shows
 
 
 @pytest.mark.parametrize(
@@ -103,17 +147,23 @@ def test_plot_per_layer_single_variant(tmp_path):
     ],
     ids=["two-with-nan", "single"],
 )
-def test_plot_over_training(tmp_path, series):
+def test_plot_over_training(tmp_path, series, figures):
     path = plots.plot_over_training(
         series, tmp_path / "fattn_tokens.png", ylabel="F-Attn", title="F-Attn", figsize=SIZE
     )
     check_png(path, tmp_path)
+    (ax,) = figures[0].axes
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("tokens seen", "F-Attn")
+    assert [line.get_label() for line in ax.lines] == sorted(series)
+    for line, name in zip(ax.lines, sorted(series)):
+        assert line.get_xdata().tolist() == series[name]["tokens"]
+        assert np.allclose(line.get_ydata(), series[name]["value"], equal_nan=True)
 
 
 # --------------------------------------------------------------------------- gates, attention maps
 
 
-def test_plot_gate_histograms(tmp_path):
+def test_plot_gate_histograms(tmp_path, figures):
     edges = np.linspace(0, 1, 101)
     counts = np.r_[5000, 800, np.zeros(97), 3].astype(float)
     hists = {
@@ -124,6 +174,12 @@ def test_plot_gate_histograms(tmp_path):
     }
     path = plots.plot_gate_histograms(hists, tmp_path / "gates.png", figsize=SIZE)
     check_png(path, tmp_path)
+    axes = [ax for ax in figures[0].axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == sorted(hists)  # a panel a variant
+    assert all(ax.get_xlabel() == "gate score" for ax in axes)
+    bars = {ax.get_title(): [p.get_height() for p in ax.patches] for ax in axes}
+    assert len(bars["g1"]) == 100 and bars["g1"][0] == pytest.approx(5000 / counts.sum())  # fractions of the scores
+    assert bars["headwise"][-1] == pytest.approx(bars["g1"][0])  # the reversed counts, drawn reversed
 
 
 def test_plot_gate_histograms_single_variant_default_size(tmp_path):
@@ -132,7 +188,7 @@ def test_plot_gate_histograms_single_variant_default_size(tmp_path):
     check_png(path, tmp_path, size=(3.6, 2.9))
 
 
-def test_plot_attention_maps(tmp_path):
+def test_plot_attention_maps(tmp_path, figures):
     T = 100
     sink = np.zeros((T, T))
     sink[:, 0] = 0.9
@@ -143,6 +199,13 @@ def test_plot_attention_maps(tmp_path):
     maps = {"baseline L3 head-avg": sink, "gated L3": uniform}
     path = plots.plot_attention_maps(maps, tmp_path / "maps.png", title="layer 3", figsize=SIZE)
     check_png(path, tmp_path)
+    fig = figures[0]
+    assert fig._suptitle.get_text() == "layer 3"
+    panels = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in panels] == list(maps)
+    shown = panels[0].images[0].get_array()
+    assert shown.shape == (64, 64) and shown[50, 0] == pytest.approx(0.9) and shown[50, 1] == 0  # cropped to 64
+    assert np.ma.is_masked(panels[1].images[0].get_array()[5, 3])  # a NaN is left blank, not drawn as 0
 
 
 def test_plot_attention_maps_single_and_all_nan(tmp_path):
@@ -157,7 +220,7 @@ def test_plot_attention_maps_single_and_all_nan(tmp_path):
 # --------------------------------------------------------------------------- extrapolation
 
 
-def test_plot_extrapolation(tmp_path):
+def test_plot_extrapolation(tmp_path, figures):
     lengths = [512, 1024, 2048, 4096]
     results = {
         "baseline": {
@@ -172,6 +235,14 @@ def test_plot_extrapolation(tmp_path):
     }
     path = plots.plot_extrapolation(results, tmp_path / "extrap.png", train_len=512, figsize=SIZE)
     check_png(path, tmp_path)
+    (ax,) = figures[0].axes
+    assert ax.get_xlabel() == "evaluation length / training length (512)"
+    data = [line for line in ax.lines if line.get_color() != "grey"]  # the grey one marks the training length
+    assert len(data) == 5  # one line a variant and method
+    assert sorted(ydata(line)[1] for line in data) == [3.3, 3.4, 3.6, 4.0, 4.5]
+    assert sorted(line.get_xdata().tolist()[-1] for line in data) == [8.0] * 5  # lengths over the training length
+    styles = {(line.get_color(), line.get_linestyle()) for line in data}
+    assert len(styles) == 5 and {c for c, _ in styles} == {"#000000", plots.variant_color("g1")}
 
 
 def test_plot_extrapolation_single(tmp_path):
@@ -233,10 +304,15 @@ def test_variant_colours_are_stable_and_distinct():
     {"sink": [0.001]},  # one seed
     {"baseline": [0.9, None], "gated": [None]},  # a seed not measured; a series with none
 ], ids=["five-seeds", "one-seed", "missing"])
-def test_plot_seed_strip(tmp_path, values):
+def test_plot_seed_strip(tmp_path, values, figures):
     path = plots.plot_seed_strip(values, tmp_path / "strip.png", title="per seed", ylabel="BOS attention",
                                  threshold=0.5, figsize=SIZE)
     check_png(path, tmp_path)
+    (ax,) = figures[0].axes
+    assert (ax.get_title(), ax.get_ylabel()) == ("per seed", "BOS attention")
+    assert [ydata(line) for line in ax.lines] == [[0.5, 0.5]]  # the threshold
+    dots = sorted(float(y) for c in ax.collections if type(c).__name__ == "PathCollection" for y in c.get_offsets()[:, 1])
+    assert dots == sorted(v for vs in values.values() for v in vs if v is not None)
 
 
 def test_plot_seed_strip_draws_a_dot_per_seed(tmp_path, monkeypatch):

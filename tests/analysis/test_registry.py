@@ -26,18 +26,29 @@ def test_every_mechanism_metric_is_produced_by_the_probe():
 
 
 def test_summaries_and_tables_read_the_registry():
-    # every registered metric is summarised over the seeds, and nothing that is not registered
-    finals = [{**{k: float(i) for k in keys(MECHANISM_METRICS)}, "not_a_metric": 1.0} for i in (1, 3)]
+    # every registered metric is summarised over the seeds from its own key, and nothing that is not registered
+    mech_keys = keys(MECHANISM_METRICS)
+    finals = [{**{k: float(j + i) for j, k in enumerate(mech_keys)}, "not_a_metric": 1.0} for i in (1, 3)]
     summary = mechanism_summary.summarize(finals)
-    assert set(summary) == set(keys(MECHANISM_METRICS)) and all(s["mean"] == 2.0 for s in summary.values())
-    runs = [{"analysis": {k: float(i) for k in keys(TEXT_METRICS, "analysis")}, "tokens_per_s": 1.0,
-             "final_loss": 1.0} for i in (1, 3)]
+    assert set(summary) == set(mech_keys) and "not_a_metric" not in summary
+    assert [summary[k]["mean"] for k in mech_keys] == [j + 2.0 for j in range(len(mech_keys))]
+    assert summary["bos_attn_ordinary"]["values"] == [1.0, 3.0]
+    text_keys = keys(TEXT_METRICS, "analysis")
+    runs = [{"analysis": {k: float(j + i) for j, k in enumerate(text_keys)}, "tokens_per_s": 10.0 * i,
+             "final_loss": 5.0 - i} for i in (1, 3)]
     text_summary = text_run.summarize(runs)
-    assert all(text_summary[k]["mean"] == 2.0 for k in keys(TEXT_METRICS, "analysis"))
-    # the mechanism report's table has one column per table metric, with its label, and its values
+    assert [text_summary[k]["mean"] for k in text_keys] == [j + 2.0 for j in range(len(text_keys))]
+    assert text_summary["tokens_per_s"]["mean"] == 20.0 and text_summary["final_train_loss"]["mean"] == 3.0
+    # the mechanism report's table: the table metrics' labels, in the registry's order, each value
+    # with its own digits; metrics declared table=False are left out
     lines = mechanism_report._summary_table({"baseline": summary}, {"analysis_sequences": 8}, 2)
-    labels = [m.label for m in MECHANISM_METRICS if m.table]
-    assert lines[0] == "| variant | " + " | ".join(labels) + " |"
-    assert lines[2].count("|") == len(labels) + 2 and "2" in lines[2]
+    assert lines[0].startswith("| variant | BOS attn, ordinary | BOS attn, trigger | prev-token attn, trigger | "
+                               "learnable sink, ordinary | F-Attn | Sink^ε |")
+    assert "sink logit" not in lines[0] and "bigram floor" not in lines[0] and "| M-Act |" not in lines[0]
+    assert lines[0].endswith("| loss, copy | loss, bigram |")
+    cells = [c.strip() for c in lines[2].split("|")[1:-1]]
+    assert cells[0] == "`baseline`" and len(cells) == 1 + sum(m.table for m in MECHANISM_METRICS)
+    assert cells[1:3] == ["2.000 ± 1.414", "3.000 ± 1.414"]  # bos_attn_*: 3 digits, each its own values
+    assert cells[6] == "9.00 ± 1.41"  # sink_eps: 8th in the registry (mean 7 + 2, std of 8 and 10), 2 digits
     assert len({m.key for m in TEXT_METRICS}) == len(TEXT_METRICS)
     assert len({m.key for m in MECHANISM_METRICS}) == len(MECHANISM_METRICS)

@@ -255,6 +255,26 @@ def test_embedded_tokenizer_and_model_tokenizer(llama_file, tmp_path):
     assert model_tokenizer(tmp_path / "plain") is None  # no tokenizer.json
 
 
+def test_a_files_metadata_and_tokenizer_are_read_once_and_anew_when_it_changes(tmp_path, monkeypatch):
+    from transformers import modeling_gguf_pytorch_utils as transformers_gguf_utils
+
+    reads = []
+    real = transformers_gguf_utils.load_gguf_checkpoint
+    monkeypatch.setattr(transformers_gguf_utils, "load_gguf_checkpoint",
+                        lambda path, **kw: reads.append(kw.get("return_tensors", False)) or real(path, **kw))
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"))
+    first = hf_gguf.gguf_hf_tokenizer(path)
+    model = load_model(path)
+    second = hf_gguf.gguf_hf_tokenizer(path)
+    assert reads == [False, True]  # the metadata once (config and tokenizer share it), then the tensors
+    assert second is not first and second.backend_tokenizer is not first.backend_tokenizer  # a copy each
+    first.add_tokens(["zzz-added"])  # a caller's change stays its own
+    assert len(hf_gguf.gguf_hf_tokenizer(path)) == len(second) == len(first) - 1
+    # the same path written anew (more layers) is read anew
+    write_gguf(path, tiny_hf("llama", num_hidden_layers=model.cfg.n_layers + 1))
+    assert load_model(path).cfg.n_layers == model.cfg.n_layers + 1 and reads.count(False) == 2
+
+
 def test_convert_from_gguf_writes_tokenizer_and_round_trips(llama_file, tmp_path, capsys):
     path, source = llama_file
     out = tmp_path / "converted"

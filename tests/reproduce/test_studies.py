@@ -162,9 +162,15 @@ def test_time_steps_times_every_variant(data_dir):
     from gatedattn.data import TokenData
     from gatedattn.reproduce.text.plan import time_steps
 
+    import time
+
     cfg = ReproduceConfig.quick(preset="micro", variants=("baseline", "gated"), data_dir=data_dir, progress=False)
+    start = time.perf_counter()
     timed = time_steps(cfg, TokenData(data_dir), repeats=2)
+    wall = time.perf_counter() - start
     assert set(timed) == {"baseline", "gated"} and all(t > 0 for t in timed.values())
+    # seconds per step, each the median (here the mean) of 2 timed rounds that lie within the call
+    assert 2 * sum(timed.values()) <= wall
 
 
 def test_time_steps_reports_each_variants_own_seconds_per_step(data_dir, monkeypatch):
@@ -188,8 +194,13 @@ def test_levers_are_timed_together(data_dir):
 
     cfg = CalibrationConfig.quick(levers=("reference", "tiny"), data_dir=data_dir, progress=False,
                                   base_sets=("train.seq_len=64",))
+    import time
+
+    start = time.perf_counter()
     timed = time_levers(cfg, {"reference": Path(data_dir), "tiny": Path(data_dir)}, repeats=1)
+    wall = time.perf_counter() - start
     assert set(timed) == {"reference", "tiny"} and all(t > 0 for t in timed.values())
+    assert sum(timed.values()) <= wall  # one timed step of each lever, both within the call
 
 
 def test_cli_calibrate_refuses_flags_of_other_studies(capsys):

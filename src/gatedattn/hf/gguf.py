@@ -25,6 +25,7 @@ only by the functions that need it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import mmap
 import struct
 from dataclasses import dataclass
@@ -270,6 +271,14 @@ def _first_line(e: Exception) -> str:
 # ``one_parse()`` a file is parsed once while it stays the same file (path, inode, size,
 # change and modification times: a file replaced or written to is parsed anew).
 _READERS: dict[tuple, Any] = {}
+# and transformers' reading of its metadata (``load_gguf_checkpoint(path)`` without tensors:
+# the config and the whole vocabulary, ~1 s for a 49k-token file) is made once too, for the
+# config (``gguf_plan``) and the tokenizer (``gguf_hf_tokenizer``) alike (the last file only)
+_METADATA: dict[tuple, dict[str, Any]] = {}
+# the tokenizer metadata arrays, which the tensors' read does not need (a view without them
+# spares their parse, as long again as the rest)
+_VOCABULARY_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                      "tokenizer.ggml.scores")
 
 
 def _file_identity(path: Path) -> tuple:
@@ -277,13 +286,24 @@ def _file_identity(path: Path) -> tuple:
     return (str(path.resolve()), st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-@contextlib.contextmanager
-def one_parse():
-    """Within this, gguf-py's ``GGUFReader`` of a file already parsed is that parse again (the
-    last file only: it maps the file, and holds its parsed metadata)."""
-    import gguf  # lazy: heavy (gguf-py, numpy)
+def _without_vocabulary(reader):
+    """A view of a parsed ``GGUFReader`` whose ``fields`` leave out the vocabulary arrays."""
+    view = copy.copy(reader)
+    view.fields = type(reader.fields)((k, f) for k, f in reader.fields.items() if k not in _VOCABULARY_FIELDS)
+    return view
 
-    original = gguf.GGUFReader
+
+@contextlib.contextmanager
+def one_parse(*, vocabulary: bool = True):
+    """Within this, gguf-py's ``GGUFReader`` of a file already parsed is that parse again (the
+    last file only: it maps the file, and holds its parsed metadata), and transformers'
+    ``load_gguf_checkpoint`` of its metadata alone (no tensors) is a copy of the first such
+    read. ``vocabulary=False``: the reader leaves the tokenizer arrays out (for reading the
+    tensors, which do not need them)."""
+    import gguf  # lazy: heavy (gguf-py, numpy)
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf  # lazy: heavy (transformers)
+
+    original, original_load = gguf.GGUFReader, hf_gguf.load_gguf_checkpoint
 
     def reader(path, mode: str = "r"):
         if mode != "r":
@@ -292,23 +312,33 @@ def one_parse():
         if key not in _READERS:
             _READERS.clear()
             _READERS[key] = original(path, mode)
-        return _READERS[key]
+        return _READERS[key] if vocabulary else _without_vocabulary(_READERS[key])
 
-    gguf.GGUFReader = reader
+    def load(path, return_tensors=False, model_to_load=None, torch_dtype=None):
+        if return_tensors or model_to_load is not None or torch_dtype is not None or not vocabulary:
+            return original_load(path, return_tensors=return_tensors, model_to_load=model_to_load,
+                                 torch_dtype=torch_dtype)
+        key = _file_identity(Path(path))
+        if key not in _METADATA:
+            _METADATA.clear()
+            _METADATA[key] = original_load(path, return_tensors=False)
+        return copy.deepcopy(_METADATA[key])  # callers change the dicts they get
+
+    gguf.GGUFReader, hf_gguf.load_gguf_checkpoint = reader, load
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader, hf_gguf.load_gguf_checkpoint = original, original_load
 
 
 # --------------------------------------------------------------------------- config
 def _hf_config_dict(header: Header) -> dict[str, Any]:
     """The HF config dict transformers' GGUF loader builds from the file's metadata."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # lazy: heavy (transformers)
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf  # lazy: heavy (transformers)
 
     try:
-        with quiet_transformers(), one_parse():
-            raw = load_gguf_checkpoint(str(header.path), return_tensors=False)["config"]
+        with quiet_transformers(), one_parse():  # the metadata read once for the config and the tokenizer
+            raw = hf_gguf.load_gguf_checkpoint(str(header.path), return_tensors=False)["config"]
     except Exception as e:  # transformers' own parsing: one line naming the file
         raise GatedAttnError(f"{header.path}: transformers cannot read its GGUF metadata ({_first_line(e)})") from None
     if raw.get("model_type") not in SUPPORTED_ARCHITECTURES:
@@ -381,7 +411,7 @@ def _hf_tensors(header: Header, names_model: _HFNames) -> dict[str, torch.Tensor
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # lazy: heavy (transformers)
 
     try:
-        with quiet_transformers(), one_parse():
+        with quiet_transformers(), one_parse(vocabulary=False):
             out = load_gguf_checkpoint(str(header.path), return_tensors=True, model_to_load=names_model)
     except Exception as e:
         raise GatedAttnError(f"{header.path}: its tensors cannot be read ({_first_line(e)})") from None
@@ -409,17 +439,28 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, device: str
 
 
 # --------------------------------------------------------------------------- tokenizer
+# the tokenizer built from a file, while it stays the same file (the last file only);
+# callers get a copy of it (~0.1 s against ~1.5 s to build it again)
+_TOKENIZERS: dict[tuple, Any] = {}
+
+
 def gguf_hf_tokenizer(path: str | Path):
     """transformers' tokenizer for the one embedded in a GGUF file (None when the file has
-    none): ``AutoTokenizer.from_pretrained(parent, gguf_file=name)``."""
+    none): ``AutoTokenizer.from_pretrained(parent, gguf_file=name)``, built once per file
+    (each call returns a copy of its own)."""
     from transformers import AutoTokenizer  # lazy: heavy (transformers)
 
     header = read_header(path)
     if "tokenizer.ggml.model" not in header.metadata:
         return None
+    key = _file_identity(header.path)
     try:
-        with quiet_transformers(), one_parse():
-            return AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
+        if key not in _TOKENIZERS:
+            with quiet_transformers(), one_parse():
+                built = AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
+            _TOKENIZERS.clear()
+            _TOKENIZERS[key] = built
+        return copy.deepcopy(_TOKENIZERS[key])
     except Exception as e:
         raise GatedAttnError(f"{header.path}: its tokenizer (tokenizer.ggml.model="
                              f"{header.metadata['tokenizer.ggml.model']!r}) cannot be built "

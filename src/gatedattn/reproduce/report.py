@@ -166,23 +166,24 @@ def _setup_table(results: dict) -> list[str]:
 
 
 def write_report(results: dict, out: str | Path, sections: Sequence[Section] = (),
-                 parts: Sequence[tuple[str, Part]] = ()) -> Path:
+                 parts: Sequence[tuple[str, Part]] = (), *, plots: bool = True) -> Path:
     """Write ``report.md`` and its plots into ``out``; returns the report path. ``parts``:
     the main job's parts before natural text, as (results key, writer), each written as
     "Part N" where ``results`` holds it. Each of ``sections`` adds its lines (and plots)
-    before the closing "Reproduce" section."""
+    before the closing "Reproduce" section. ``plots=False``: natural text's plots are not
+    drawn and the report links none (its text alone, e.g. to read or compare it; ~0.25 s
+    a plot saved); the parts and sections write theirs as ever."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if "variants" not in results:
         return _write_parts_report(results, out, parts)
-    return _write_text_report(results, out, sections, parts)
+    return _write_text_report(results, out, sections, parts, make_plots(results, out) if plots else {})
 
 
 def _write_text_report(results: dict, out: Path, sections: Sequence[Section],
-                       parts: Sequence[tuple[str, Part]]) -> Path:
+                       parts: Sequence[tuple[str, Part]], made: dict[str, str]) -> Path:
     """``report.md`` of a job with natural text: the parts before it, then its setup,
     claims, results, per-layer tables and plots, and the sections folded in."""
-    made = make_plots(results, out)
     claims = results.get("claims") or judge_all(results)
     variants = list(results["variants"])
     lines = ["# gatedattn reproduction report", ""]
