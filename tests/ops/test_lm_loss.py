@@ -31,8 +31,9 @@ def _grads(loss, tensors):
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("chunk", [1, 5, 37, 100])
 @pytest.mark.parametrize("ignore", [False, True])
-def test_matches_the_reference_in_float64(reduction, chunk, ignore):
-    h, w, t = _inputs(ignore=ignore)
+@pytest.mark.parametrize("frozen_head", [False, True])  # a frozen head takes the one-pass path
+def test_matches_the_reference_in_float64(reduction, chunk, ignore, frozen_head):
+    h, w, t = _inputs(ignore=ignore, frozen_head=frozen_head)
     fused = linear_cross_entropy(h, w, t, reduction=reduction, chunk=chunk)  # chunk: vocabulary entries
     plain = reference.linear_cross_entropy(h, w, t, reduction=reduction)
     assert fused.shape == plain.shape and fused.dtype == torch.float64
@@ -51,13 +52,15 @@ def test_a_frozen_head_gets_no_gradient_and_the_input_the_reference_one():
     torch.testing.assert_close(dh, ref)
 
 
-def test_under_bf16_autocast_it_computes_what_the_unfused_path_does():
-    h, w, t = _inputs(dtype=torch.float32)
+@pytest.mark.parametrize("frozen_head", [False, True])
+def test_under_bf16_autocast_it_computes_what_the_unfused_path_does(frozen_head):
+    h, w, t = _inputs(dtype=torch.float32, frozen_head=frozen_head)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fused = linear_cross_entropy(h, w, t, chunk=6)
         plain = reference.linear_cross_entropy(h, w, t)
     torch.testing.assert_close(fused, plain, rtol=2e-3, atol=2e-3)
     fg, pg = _grads(fused, (h, w)), _grads(plain, (h, w))
+    assert len(fg) == len(pg) == (1 if frozen_head else 2)
     for a, b in zip(fg, pg):
         assert a.dtype == torch.float32  # gradients in the parameters' dtype
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
@@ -74,6 +77,27 @@ def test_keeps_no_logits_for_backward():
     _, plain = saved_bytes(lambda: reference.linear_cross_entropy(h, w, t))
     logits_bytes = 256 * 4096 * 4
     assert plain >= logits_bytes and fused <= plain - logits_bytes + 16 * 256  # h, W and a few (N,) rows
+
+
+def test_a_frozen_head_keeps_only_the_inputs_gradient():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(256, 32, generator=g, requires_grad=True)
+    w = torch.randn(4096, 32, generator=g)
+    t = torch.randint(0, 4096, (256,), generator=g)
+    _, fused = saved_bytes(lambda: linear_cross_entropy(h, w, t))
+    assert fused <= 256 * 32 * 4 + 16 * 256  # dL/dh (N, C) and a mask: neither h nor the head
+
+
+def test_a_frozen_head_over_many_chunks_rescales_its_running_gradient():
+    # logits that grow chunk by chunk: every chunk raises the running log-sum-exp, so a
+    # missing rescale of the accumulated gradient would show
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(8, 4, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(60, 4, generator=g, dtype=torch.float64) * torch.linspace(0.1, 6, 60, dtype=torch.float64)[:, None]
+    t = torch.randint(0, 60, (8,), generator=g)
+    (dh,) = _grads(linear_cross_entropy(h, w, t, reduction="none", chunk=7), (h, w))
+    (ref,) = _grads(reference.linear_cross_entropy(h, w, t, reduction="none"), (h, w))
+    torch.testing.assert_close(dh, ref, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("bad, match", [

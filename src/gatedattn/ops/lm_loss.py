@@ -9,8 +9,14 @@ copy, the log-softmax, its gradient and the gradient's cast back: five tensors o
 a CPU with fast bf16 matmuls. This function runs ``chunk`` vocabulary entries at a time
 for every row, accumulating each row's log-sum-exp (N,), the only thing it keeps; backward
 recomputes a chunk's logits and turns them into ``softmax - onehot`` in place. The input's
-gradient is accumulated in float32; the head's is computed only where ``W`` requires it (a
-frozen head, as in the real-model study, costs one matmul less).
+gradient is accumulated in float32; the head's is computed only where ``W`` requires it.
+
+With a frozen head (the real-model study's arms) the input's gradient is taken in the same
+pass as the loss: ``dL/dh = softmax @ W - W[target]`` is accumulated chunk by chunk as
+``sum_j exp(logit_j - lse_so_far) W_j``, rescaled by ``exp(lse_old - lse_new)`` whenever
+the running log-sum-exp grows (the online softmax of fused attention kernels). Backward
+then only scales it by each row's incoming gradient: one product per chunk and half the
+elementwise passes over the logits, instead of recomputing them.
 
 Precision is the unfused path's: the matmul runs in the autocast dtype when autocast is
 on (else in the inputs' dtype), the softmax in float32 (float64 for float64 inputs). ``ignore_index`` targets add
@@ -40,6 +46,35 @@ def _in_chunk(safe: torch.Tensor, v0: int, width: int) -> tuple[torch.Tensor, to
     return (safe >= v0) & (safe < v0 + width), (safe - v0).clamp(0, width - 1)
 
 
+def _loss_and_input_grad(h: torch.Tensor, w: torch.Tensor, safe: torch.Tensor, lse: torch.Tensor,
+                         picked: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass over the vocabulary: each row's log-sum-exp and target logit, and the loss's
+    gradient with respect to h (N, C), ``softmax @ w - w[target]``, in the softmax's dtype."""
+    soft = lse.dtype
+    acc = torch.zeros(h.shape, dtype=soft, device=h.device)  # sum_j exp(logit_j - lse) w_j
+    for v0 in range(0, w.shape[0], chunk):
+        wc = w[v0:v0 + chunk]
+        logits = h @ wc.T  # (N, chunk) in the products' dtype, as the two-pass path
+        top = logits.amax(-1).to(soft)
+        e = torch.sub(logits, top[:, None]).to(soft).exp_()  # exp(logit - top) in the softmax's dtype
+        new = torch.logaddexp(lse, top + e.sum(-1).log())
+        acc.mul_(torch.exp(lse - new)[:, None])
+        acc.add_((e.to(h.dtype) @ wc).to(soft).mul_(torch.exp(top - new)[:, None]))
+        here, local = _in_chunk(safe, v0, wc.shape[0])
+        picked += torch.where(here, logits.gather(1, local[:, None])[:, 0].to(soft), 0.0)
+        lse = new
+    return lse, picked, acc.sub_(w.index_select(0, safe).to(soft))
+
+
+def _row_grad(ctx, grad_out: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Each row's weight in the loss's gradient (N,): the incoming gradient, over the count
+    of valid rows for a mean, zero on ignored rows."""
+    if ctx.meta[2] == "none":
+        return grad_out.to(dtype) * valid
+    scale = grad_out.to(dtype) / ctx.count.clamp_min(1) if ctx.meta[2] == "mean" else grad_out.to(dtype)
+    return valid.to(dtype) * scale
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Chunks over the vocabulary: every chunk's slice of the head is a contiguous block of
     rows, packed once for its product (on a CPU, chunks of positions would repack the whole
@@ -54,14 +89,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
         soft = torch.promote_types(dtype, torch.float32)  # the softmax's dtype: float32, or float64 inputs' own
         lse = torch.full((h.shape[0],), -math.inf, dtype=soft, device=h.device)
         picked = torch.zeros_like(lse)
+        one_pass = ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]  # a frozen head
         with torch.autocast(h.device.type, enabled=False):
-            for v0 in range(0, w.shape[0], chunk):
-                logits = (h @ w[v0:v0 + chunk].T).to(soft)  # (N, chunk)
-                torch.logaddexp(lse, torch.logsumexp(logits, -1), out=lse)
-                here, local = _in_chunk(safe, v0, logits.shape[1])
-                picked += torch.where(here, logits.gather(1, local[:, None])[:, 0], 0.0)
+            if one_pass:
+                lse, picked, grad_h = _loss_and_input_grad(h, w, safe, lse, picked, chunk)
+            else:
+                for v0 in range(0, w.shape[0], chunk):
+                    logits = (h @ w[v0:v0 + chunk].T).to(soft)  # (N, chunk)
+                    torch.logaddexp(lse, torch.logsumexp(logits, -1), out=lse)
+                    here, local = _in_chunk(safe, v0, logits.shape[1])
+                    picked += torch.where(here, logits.gather(1, local[:, None])[:, 0], 0.0)
         losses = torch.where(valid, lse - picked, 0.0)
-        ctx.save_for_backward(h, w, safe, valid, lse)
+        if one_pass:
+            ctx.save_for_backward(grad_h, valid)
+        else:
+            ctx.save_for_backward(h, w, safe, valid, lse)
+        ctx.one_pass = one_pass
         ctx.meta = (h_NC.dtype, weight_VC.dtype, reduction, chunk)
         if reduction == "none":
             return losses
@@ -71,13 +114,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        h, w, safe, valid, lse = ctx.saved_tensors
         h_dtype, w_dtype, reduction, chunk = ctx.meta
-        if reduction == "none":
-            row_grad = grad_out.to(lse.dtype) * valid
-        else:
-            scale = grad_out.to(lse.dtype) / ctx.count.clamp_min(1) if reduction == "mean" else grad_out.to(lse.dtype)
-            row_grad = valid.to(lse.dtype) * scale
+        if ctx.one_pass:
+            grad_h, valid = ctx.saved_tensors
+            return (grad_h.mul_(_row_grad(ctx, grad_out, valid, grad_h.dtype)[:, None]).to(h_dtype),
+                    None, None, None, None, None)
+        h, w, safe, valid, lse = ctx.saved_tensors
+        row_grad = _row_grad(ctx, grad_out, valid, lse.dtype)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dh = torch.zeros(h.shape, dtype=lse.dtype, device=h.device) if need_h else None
         dw = torch.empty(w.shape, dtype=w_dtype, device=w.device) if need_w else None
