@@ -2,7 +2,8 @@
 # The extended reproduction (docs/reproduction-extended): every variant the claims table
 # names, the learning-rate stability study in a regime where the baseline can become
 # unstable, and HyGA's low-rank width sweep, folded into one report; then the real-model
-# study with every arm (its own report in $OUT/pretrained). Sets up .venv if
+# study with every arm (its own report in $OUT/pretrained) and its arms at W 64
+# ($OUT/pretrained-w64). Sets up .venv if
 # needed. OUT (default runs/reproduction-extended) holds one directory per part; a second
 # call reuses finished runs. STEPS fixes the training steps of the variant and rank runs
 # (default: what the default `gatedattn reproduce` fitted on the machine that made the
@@ -26,3 +27,6 @@ gatedattn reproduce --with-text --variants baseline,gated,gated-headwise,hyga-lo
 #    token's mass and value apart), the elementwise gate beside the headwise one
 gatedattn reproduce --study pretrained --set arms=sink,sink-zero,sink-bias,gate-headwise,gate,control \
     --out "$OUT/pretrained" "$@"
+# 5. the arms at W 64, where dropping the first token costs more than twice what it costs at the default's W 128
+gatedattn reproduce --study pretrained --set window=64 --set arms=sink,sink-bias,gate-headwise,control \
+    --out "$OUT/pretrained-w64" "$@"

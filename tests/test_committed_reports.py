@@ -15,6 +15,7 @@ REPORTS = {
     "reproduction": "main",
     "real-model-extended": "pretrained",
     "real-model-continued": "pretrained",
+    "real-model-w64": "pretrained",
     "reproduction-extended": "text",
     "sink-calibration": "calibrate",
     "mechanism-hyga-gates": "mechanism",
@@ -42,3 +43,12 @@ def test_a_committed_report_regenerates_byte_for_byte(name, tmp_path, monkeypatc
     shutil.copytree(DOCS / name, out)
     assert main(["reproduce", "--study", REPORTS[name], "--out", str(out), "--report-only"]) == 0
     assert (out / "report.md").read_bytes() == (DOCS / name / "report.md").read_bytes()
+
+
+def test_the_reports_a_committed_report_points_to_are_committed():
+    import re
+
+    root = DOCS.parent
+    for report in DOCS.glob("*/report.md"):
+        for path in re.findall(r"`(docs/[^`\s]+\.md)`", report.read_text()):
+            assert (root / path).is_file(), f"{report.relative_to(root)} points to {path}, which is not committed"

@@ -134,7 +134,9 @@ def _arm_lines(r: dict) -> list[str]:
 # where the arms the default leaves out were run and committed
 EXTENDED_LINE = ("The first token taken apart (the sink with a bias: its mass and its value) and the elementwise gate "
                  "beside the headwise one run in the extended setting (`--set arms=sink,sink-bias,gate,control`, step 4 "
-                 "of `scripts/reproduce_extended.sh`); a committed run: `docs/real-model-extended/report.md`.")
+                 "of `scripts/reproduce_extended.sh`); a committed run: `docs/real-model-extended/report.md`. The "
+                 "same arms at the narrower window W 64, where the first token's job is larger (`--set window=64`, "
+                 "step 5): `docs/real-model-w64/report.md`.")
 
 
 def _sink_start_line(r: dict) -> str:
