@@ -84,8 +84,8 @@ def study_config(study: Study, args: argparse.Namespace) -> Any:
     switched = {part: _switch_value(study.flags[on], args.quick)
                 for part in left_out.values() if (on := _switch_on(study, part))}
     cfg = with_values(cfg, dict(sorted({**values, **switched}.items(), key=lambda kv: kv[0].count("."))))
-    for flag, part in left_out.items():
-        raise ConfigError(_left_out(study, flag, part))
+    if left_out:
+        raise ConfigError(_left_out(study, *next(iter(left_out.items()))))
     if not study.takes_sets:
         return cfg
     sets = {".".join(path): value for path, value in parse_sets(type(cfg), args.set or [], refused).items()}
