@@ -43,6 +43,8 @@ def text_part_config(quick: bool = False) -> TextConfig:
 
 
 def _part_field(default: Callable[[], Any] | None, help: str, exclude: tuple[str, ...]) -> Any:
+    """A part's field: its config made by ``default`` (None: left out by default), its
+    ``--set`` keys all but ``exclude`` (those the job sets for it)."""
     metadata = {"help": help, "exclude": exclude}
     if default is None:
         return field(default=None, metadata=metadata)
