@@ -20,7 +20,7 @@ if [ "${1:-}" = "--quick" ]; then
     SIZE=(--quick --preset tiny)
     OUT=${OUT:-runs/reproduction-gpu-quick}
 else
-    SIZE=(--preset base --seq-len 512 --batch-size 64 --budget-minutes "${MINUTES:-8}" --set compile=on)
+    SIZE=(--preset base --seq-len 512 --batch-size 64 --budget-minutes "${MINUTES:-8}" --set text.compile=on)
     OUT=${OUT:-docs/reproduction-gpu}
 fi
-exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --with-text --variants baseline,gated --no-mechanism --no-pretrained --set "train.device=$DEVICE" --out "$OUT" "$@"
+exec "$PY" -m gatedattn.cli reproduce "${SIZE[@]}" --with-text --variants baseline,gated --no-mechanism --no-pretrained --set "text.train.device=$DEVICE" --out "$OUT" "$@"

@@ -45,3 +45,13 @@ def test_the_old_mechanism_report_path_still_gives_run_study(monkeypatch):
     with pytest.warns(DeprecationWarning, match="run_study to gatedattn.reproduce.mechanism.run"):
         module = importlib.import_module("gatedattn.reproduce.mechanism_report")
     assert module.run_study is importlib.import_module("gatedattn.reproduce.mechanism.run").run_study
+
+
+def test_the_main_jobs_natural_text_is_read_from_its_text_part():
+    """``ReproduceConfig.natural_text`` became the ``text`` part (None where left out)."""
+    from gatedattn.reproduce import ReproduceConfig, TextConfig
+
+    with pytest.warns(DeprecationWarning, match="ReproduceConfig.natural_text moved to ReproduceConfig.text"):
+        assert ReproduceConfig().natural_text is False
+    with pytest.warns(DeprecationWarning):
+        assert ReproduceConfig(text=TextConfig.quick()).natural_text is True

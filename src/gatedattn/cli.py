@@ -90,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     name = f"gatedattn {args.command}"
     # Python warnings (transformers', torch's) are held while the command runs: shown after a
-    # success, dropped after a failure, whose one line says what matters
+    # success, dropped after a failure, whose one line says what matters; gatedattn's own
+    # deprecations (an old --set key) are among them
     with warnings.catch_warnings(record=True) as held:
+        warnings.filterwarnings("default", category=DeprecationWarning, module="gatedattn")
         status = _run(args, name, Interrupted, EXPECTED_ERRORS)
     if status == 0:
         for w in held:

@@ -8,7 +8,7 @@ import pytest
 
 from gatedattn.cli import main
 from gatedattn.infra.errors import ConfigError
-from gatedattn.reproduce import ReproduceConfig
+from gatedattn.reproduce import ReproduceConfig, TextConfig
 from gatedattn.infra.settings import apply_sets, help_text, settings
 from gatedattn.train import TrainConfig
 
@@ -49,10 +49,11 @@ TRAIN_VALUES = {
 # keys whose value needs other files (a model to start from): tested where they are built (test_train_init_from)
 TRAIN_SPECIAL = {"init_from"}
 REPRODUCE_VALUES = {
-    "variants": ("gated,hyga", ("gated", "hyga")), "seeds": ("2", 2), "budget_minutes": ("5", 5.0),
-    "steps": ("none", None), "out_dir": ("r2", "r2"), "evals": ("3", 3), "analysis_sequences": ("16", 16),
-    "multiples": ("1,3", (1, 3)), "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")), "min_steps": ("50", 50), "compile": ("off", "off"),
-    "timing_rounds": ("4", 4),
+    "text.variants": ("gated,hyga", ("gated", "hyga")), "text.seeds": ("2", 2), "text.budget_minutes": ("5", 5.0),
+    "text.steps": ("none", None), "out_dir": ("r2", "r2"), "text.evals": ("3", 3),
+    "text.analysis_sequences": ("16", 16), "text.multiples": ("1,3", (1, 3)),
+    "fold": ("runs/lr,runs/rank", ("runs/lr", "runs/rank")), "text.min_steps": ("50", 50),
+    "text.compile": ("off", "off"), "text.timing_rounds": ("4", 4),
     "mechanism.variants": ("baseline,sink", ("baseline", "sink")), "mechanism.depths": ("1,3", (1, 3)),
     "mechanism.deep_variants": ("baseline", ("baseline",)), "mechanism.seeds": ("2", 2), "mechanism.steps": ("77", 77),
     "mechanism.seq_len": ("32", 32), "mechanism.micro_batch": ("8", 8), "mechanism.d_model": ("128", 128),
@@ -74,13 +75,13 @@ REPRODUCE_VALUES = {
     "pretrained.continued_steps": ("3", 3), "pretrained.continued_lr": ("1e-5", 1e-5),
     "pretrained.dtype": ("bf16", "bf16"), "pretrained.stop_every": ("1", 1),
     "pretrained.stop_patience": ("2", 2), "pretrained.dev_windows": ("2", 2), "pretrained.stop_tol": ("0.01", 0.01),
-    "pretrained.kept_tol": ("0.05", 0.05), "natural_text": ("true", True),
+    "pretrained.kept_tol": ("0.05", 0.05),
 }
 # a key that is only valid together with another setting
 NEEDS = {"model.gate.rank": ["model.gate.source=input"], "model.rope.fraction": ["model.attention.kv=gqa"],
          "model.attention.sink_init": ["model.attention.sink=true"]}
-REPRODUCE_NEEDS = {"budget_minutes": ["steps=none"], "steps": ["budget_minutes=5"], "fold": ["natural_text=true"]}
-REPRODUCE_TRAIN_NEEDS = {"model.position_embedding": ["multiples=1"]}  # learned positions cannot extrapolate
+REPRODUCE_NEEDS = {"text.budget_minutes": ["text.steps=none"], "text.steps": ["text.budget_minutes=5"]}
+REPRODUCE_TRAIN_NEEDS = {"model.position_embedding": ["text.multiples=1"]}  # learned positions cannot extrapolate
 
 
 def _model_target(model_cfg, path: tuple[str, ...]):
@@ -122,35 +123,47 @@ def test_every_train_key_reaches_the_model_or_the_trainer():
 
 
 def test_every_reproduce_key_reaches_the_reproduction_or_every_run():
-    base = ReproduceConfig.quick(preset="micro")
+    base = ReproduceConfig.quick(text=TextConfig.quick(preset="micro"))
     known = settings(ReproduceConfig)
-    train_keys = {s.key for s in known if s.path[0] == "train"}
+    train_keys = {s.key for s in known if s.path[:2] == ("text", "train")}
     excluded = {"out_dir", "steps", "max_tokens", "seed", "eval_every", "ckpt_every", "stop_at_step", "model.variant", "compile",
                 "init_from", "trainable"}
-    assert train_keys == {f"train.{k}" for k in TRAIN_VALUES if k not in excluded}
-    assert {s.key for s in known if s.path[0] != "train"} == set(REPRODUCE_VALUES)
+    assert train_keys == {f"text.train.{k}" for k in TRAIN_VALUES if k not in excluded}
+    assert {s.key for s in known if s.path[:2] != ("text", "train")} == set(REPRODUCE_VALUES)
     for s in known:
-        if s.path[0] != "train":
+        if s.path[:2] != ("text", "train"):
             text, expected = REPRODUCE_VALUES[s.key]
             cfg = apply_sets(base, [*REPRODUCE_NEEDS.get(s.key, []), f"{s.key}={text}"])
-            owner = getattr(cfg, s.path[0]) if s.path[0] in ("mechanism", "pretrained") else cfg  # a part's config
+            owner = getattr(cfg, s.path[0]) if len(s.path) > 1 else cfg  # a part's config
             assert getattr(owner, s.path[-1]) == expected, s.key
             continue
-        rel = s.key[len("train."):]
+        rel = s.key[len("text.train."):]
         text, expected = TRAIN_VALUES[rel]
-        cfg = apply_sets(base, [*REPRODUCE_TRAIN_NEEDS.get(rel, []), *(f"train.{n}" for n in NEEDS.get(rel, [])),
+        cfg = apply_sets(base, [*REPRODUCE_TRAIN_NEEDS.get(rel, []), *(f"text.train.{n}" for n in NEEDS.get(rel, [])),
                                 f"{s.key}={text}"])
         variants = [v for v in ("baseline", "gated") if not (rel.startswith("model.gate.")) or v == "gated"]
         for v in variants:  # each run's TrainConfig carries it (gate settings: the gated runs)
-            _check_train_key(cfg.train_config(v, 0, steps=40, out_dir="o"), s.key, s.path[1:], expected)
+            _check_train_key(cfg.text.train_config(v, 0, steps=40, out_dir="o"), s.key, s.path[2:], expected)
+
+
+def test_the_main_jobs_old_flat_keys_reach_its_text_part_with_a_warning():
+    base = ReproduceConfig.quick(text=TextConfig.quick(preset="micro"))
+    for old, new, text in (("train.device", "text.train.device", "cpu"), ("compile", "text.compile", "on"),
+                           ("seeds", "text.seeds", "2"), ("train.model.gate.activation",
+                                                           "text.train.model.gate.activation", "silu")):
+        with pytest.warns(DeprecationWarning, match=f"--set {old} is now --set {new} "):
+            cfg = apply_sets(base, [f"{old}={text}"])
+        assert cfg == apply_sets(base, [f"{new}={text}"]) != base, old
+    assert cfg.text.train.model.gate["activation"] == "silu"
 
 
 def test_gate_settings_reach_gated_runs_only_in_reproduce():
-    cfg = apply_sets(ReproduceConfig.quick(), ["gate.activation=silu"])
+    with_text = ReproduceConfig.quick(text=TextConfig.quick())
+    cfg = apply_sets(with_text, ["gate.activation=silu"]).text
     assert cfg.train_config("gated", 0, steps=10).model_config(300).attention.gate.activation == "silu"
     assert cfg.train_config("baseline", 0, steps=10).model_config(300).attention.gate is None
     with pytest.raises(ConfigError, match="GateConfig.activation='nope'"):
-        apply_sets(ReproduceConfig.quick(), ["gate.activation=nope"])
+        apply_sets(with_text, ["gate.activation=nope"])
 
 
 def test_the_same_grammar_and_errors_for_every_command(capsys):

@@ -379,7 +379,8 @@ def test_every_study_is_registered_once_with_its_flags():
         for flag, spec in study.flags.items():  # every flag sets a key its config has
             assert spec.key in keys or spec.key.split(".")[0] in keys, (study.name, flag)
         assert getattr(study.config, "STUDY", study.name) == study.name  # a config names the study it runs
-    assert STUDIES["main"].parts == ("mechanism", "pretrained")  # natural text only with --with-text
+    assert STUDIES["main"].parts == ("mechanism", "pretrained", "text")  # what the main job composes, in order
+    assert STUDIES["main"].config().parts() == ("mechanism", "pretrained")  # natural text only with --with-text
     assert [s.key for s in STUDIES.values() if s.key] == ["lr_study", "rank_sweep"]
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from gatedattn.cli import main
 from gatedattn.infra.errors import ConfigError
-from gatedattn.reproduce import ReproduceConfig
+from gatedattn.reproduce import ReproduceConfig, TextConfig
 from gatedattn.train.config import ModelRecipe
 
 
@@ -93,21 +93,21 @@ def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp
 def test_a_natural_text_flag_without_with_text_is_refused_in_one_line(capsys, tmp_path):
     assert main(["reproduce", "--steps", "5", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("--steps applies to the natural-text part, which this study runs only with --with-text; add "
+    assert err.endswith("--steps applies to the text part, which this study runs only with --with-text; add "
                         "--with-text (or use --study text)") and "\n" not in err
     assert not (tmp_path / "o").exists()
 
 
 def test_fold_without_natural_text_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="^ReproduceConfig.fold joins studies to the natural-text claims: give "
-                                          "--with-text"):
-        ReproduceConfig.make(fold=("runs/lr",))
+    with pytest.raises(ConfigError, match="^ReproduceConfig.fold joins studies to the natural-text claims, and text "
+                                          "is None \\(left out\\): give --with-text with --fold"):
+        ReproduceConfig(fold=("runs/lr",))
 
 
 @pytest.mark.parametrize("fields,match", [
     (dict(variants=("baseline", "gatd")), "unknown variant 'gatd'"),
     (dict(variants=()), "variants is empty"),
-    (dict(lrs=(1e-3,)), r"ReproduceConfig has no field 'lrs'"),
+    (dict(lrs=(1e-3,)), r"TextConfig has no field 'lrs'"),
     (dict(timing_rounds=2), r"timing_rounds=2 must be >= 3"),
     (dict(preset="huge"), r"preset='huge'"),
     (dict(seeds=0), r"seeds=0 must be > 0"),
@@ -119,9 +119,9 @@ def test_fold_without_natural_text_is_refused_in_one_line():
     (dict(min_steps=0), r"min_steps=0 must be > 0"),
     (dict(steps=100, budget_minutes=5.0), r"exactly one of steps and budget_minutes"),
 ])
-def test_bad_reproduce_config(fields, match):
+def test_bad_text_config(fields, match):
     with pytest.raises(ConfigError, match=match):
-        ReproduceConfig.make(**fields)
+        TextConfig.make(**fields)
 
 
 def _tiny_data(tmp_path):
@@ -140,12 +140,12 @@ def test_budget_sets_the_same_steps_for_every_variant(tmp_path, monkeypatch):
     from gatedattn.reproduce.text import plan as runner
 
     data = _tiny_data(tmp_path)
-    cfg = ReproduceConfig.quick(steps=None, budget_minutes=1.0, variants=("baseline", "gated"), preset="micro")
+    cfg = TextConfig.quick(steps=None, budget_minutes=1.0, variants=("baseline", "gated"), preset="micro")
     monkeypatch.setattr(runner, "time_steps", lambda c, d: {"baseline": 0.1, "gated": 0.2})
     steps, timed = runner.plan_steps(cfg, data, 1)
     assert timed == {"baseline": 0.1, "gated": 0.2}
     assert steps == 160  # 60 s * 0.8 / (0.1 + 0.2) s, rounded down to tens
-    fixed = ReproduceConfig.quick()
+    fixed = TextConfig.quick()
     assert runner.plan_steps(fixed, data, 1) == (40, {})
 
 
@@ -159,7 +159,7 @@ def test_budget_steps_down_to_a_smaller_model_then_fewer_seeds(monkeypatch):
         return runner._fit(cfg, step_s, n_runs), step_s
 
     monkeypatch.setattr(runner, "plan_steps", fake_plan)
-    base = ReproduceConfig.make(budget_minutes=20.0, preset="small", seeds=3)
+    base = TextConfig.make(budget_minutes=20.0, preset="small", seeds=3)
     # small x 3 seeds x 2 variants at 1 s: 160 steps < 500, so `tiny` at 0.2 s: 800 steps
     cfg, steps, _, cuts = runner.fit_eager_plan(base, None)
     assert (cfg.train.model.size, cfg.seeds, steps) == ("tiny", 3, 800)
@@ -215,7 +215,7 @@ def test_time_compiled_times_both_modes_of_every_variant_in_the_same_rounds(tmp_
         return {name: 0.25 if name.startswith("compiled") else 0.5 for name in workloads}
 
     monkeypatch.setattr(runner, "median_times", median_times)
-    cfg = ReproduceConfig.quick(preset="micro", seq_len=32, micro_batch=2)
+    cfg = TextConfig.quick(preset="micro", seq_len=32, micro_batch=2)
     timed = runner.time_compiled(cfg, data)
     assert rounds == [["compiled baseline", "compiled gated", "eager baseline", "eager gated"]]
     assert set(timed) == {"baseline", "gated"}
@@ -228,7 +228,7 @@ def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
     eager plan; the faster over the budget wins, and the decision carries its figures."""
     from gatedattn.reproduce.text import plan as runner
 
-    base = ReproduceConfig.make(budget_minutes=10.0, preset="small", seeds=2, min_steps=100)
+    base = TextConfig.make(budget_minutes=10.0, preset="small", seeds=2, min_steps=100)
     eager = {"baseline": 1.0, "gated": 1.0}
     steps = runner._fit(base, eager, 2)  # 600 s * 0.8 / (2 s * 2 runs) = 120
     monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5, 1.0), "gated": (20.0, 0.5, 1.0)})
@@ -248,17 +248,17 @@ def test_compile_auto_compiles_where_it_fits_more_steps(monkeypatch):
     monkeypatch.setattr(runner, "time_compiled", lambda cfg, data: {"baseline": (20.0, 0.5, 1.0), "gated": (20.0, 0.5, 1.0)})
     cfg, n, _, decision = runner.choose_compile(floor, None, 500, eager)
     assert (cfg.train.compile, n, decision["eager_steps"], decision["compiled_steps"]) == ("on", 500, 120, 200)
-    fixed = ReproduceConfig.make(steps=50)  # auto with fixed steps stays eager
+    fixed = TextConfig.make(steps=50)  # auto with fixed steps stays eager
     assert runner.choose_compile(fixed, None, 50, {})[0].train.compile == "off"
     with pytest.raises(ConfigError, match="compile='maybe' is not allowed"):
-        ReproduceConfig.make(compile="maybe")
+        TextConfig.make(compile="maybe")
 
 
 @pytest.mark.parametrize("variant", ["baseline", "gated", "hyga-sink"])
 def test_the_model_of_a_variant_is_what_each_of_its_runs_trains(variant):
     from gatedattn.train.optim import lr_at
 
-    cfg = ReproduceConfig.quick(preset="micro").replace(variants=("baseline", "gated", "hyga-sink"))
+    cfg = TextConfig.quick(preset="micro").replace(variants=("baseline", "gated", "hyga-sink"))
     model = cfg.model_config(variant, 300)
     for seed, steps in ((0, 10), (2, 500)):
         assert cfg.train_config(variant, seed, steps=steps).model_config(300) == model

@@ -122,10 +122,9 @@ def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
     assert flops[1] < flops[2] and all(f > 0 for f in flops)
     assert "share of G1's" in (tmp_path / "rank" / "report.md").read_text()
 
-    report = reproduce(ReproduceConfig.quick(variants=("baseline", "gated"), multiples=(1,), fold=(str(tmp_path / "rank"),),
-                                             natural_text=True, out_dir=str(tmp_path / "main"), mechanism=None,
-                                             pretrained=None,
-                                             **base)).read_text()
+    text = TextConfig.quick(variants=("baseline", "gated"), multiples=(1,), **base)
+    report = reproduce(ReproduceConfig.quick(fold=(str(tmp_path / "rank"),), text=text, out_dir=str(tmp_path / "main"),
+                                             mechanism=None, pretrained=None)).read_text()
     results = json.loads((tmp_path / "main" / "results.json").read_text())
     assert results["rank_sweep"] == sweep and results["folded"][0]["studies"] == ["rank_sweep"]
     assert "## HyGA low-rank width: loss against gate cost" in report and (tmp_path / "main" / "rank_sweep.png").is_file()
@@ -138,10 +137,10 @@ def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
 
 def test_fold_needs_a_study_directory(tmp_path):
     with pytest.raises(ConfigError, match="has no results.json"):
-        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), natural_text=True, out_dir=str(tmp_path / "out")))
+        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), text=TextConfig.quick(), out_dir=str(tmp_path / "out")))
     (tmp_path / "results.json").write_text(json.dumps({"variants": {}}))
     with pytest.raises(ConfigError, match="holds no lr_study or rank_sweep"):
-        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), natural_text=True, out_dir=str(tmp_path / "out")))
+        reproduce(ReproduceConfig.quick(fold=(str(tmp_path),), text=TextConfig.quick(), out_dir=str(tmp_path / "out")))
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
@@ -164,7 +163,7 @@ def test_time_steps_times_every_variant(data_dir):
 
     import time
 
-    cfg = ReproduceConfig.quick(preset="micro", variants=("baseline", "gated"), data_dir=data_dir, progress=False)
+    cfg = TextConfig.quick(preset="micro", variants=("baseline", "gated"), data_dir=data_dir, progress=False)
     start = time.perf_counter()
     timed = time_steps(cfg, TokenData(data_dir), repeats=2)
     wall = time.perf_counter() - start
@@ -180,7 +179,7 @@ def test_time_steps_reports_each_variants_own_seconds_per_step(data_dir, monkeyp
 
     seconds = {"baseline": 0.01, "gated": 0.04}  # steps of known length, in place of training
     monkeypatch.setattr(plan, "step_fn", lambda cfg, v, data: lambda: time.sleep(seconds[v]))
-    cfg = ReproduceConfig.quick(preset="micro", variants=("baseline", "gated"), data_dir=data_dir, progress=False)
+    cfg = TextConfig.quick(preset="micro", variants=("baseline", "gated"), data_dir=data_dir, progress=False)
     timed = plan.time_steps(cfg, None, repeats=3)
     for v, s in seconds.items():
         assert s <= timed[v] < s + 0.025  # the median of its own rounds, not the other's or their sum
@@ -255,7 +254,8 @@ def test_gpu_scale_up_script_default_arguments_make_a_valid_config(tmp_path):
     args = build_parser("reproduce").parse_args(argv[2:])
     _check_flags(STUDIES["main"], args)
     cfg = study_config(STUDIES["main"], args)
-    assert (cfg.compile, cfg.train.model.size, cfg.train.device, cfg.mechanism) == ("on", "base", "cuda", None)
+    assert (cfg.text.compile, cfg.text.train.model.size, cfg.text.train.device, cfg.mechanism) == ("on", "base", "cuda",
+                                                                                                  None)
 
 
 def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
@@ -268,7 +268,9 @@ def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
     from gatedattn.reproduce.calibration import main_default_lever
 
     assert main_default_lever(CalibrationConfig()) == "lr-1e-2"
-    main = ReproduceConfig().train  # the main job's recipe is the calibrated lever's
+    from gatedattn.reproduce.main_job import text_part_config
+
+    main = text_part_config().train  # the main job's natural-text recipe is the calibrated lever's
     assert (lr.lr, lr.model.size, lr.model.attention, lr.weight_decay, lr.seq_len, lr.micro_batch) == \
         (main.lr, main.model.size, main.model.attention, main.weight_decay, main.seq_len, main.micro_batch)
 

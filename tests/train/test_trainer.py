@@ -104,21 +104,22 @@ def test_train_needs_both_directories(data_dir):
 
 
 def test_reproduction_trains_the_same_configs_as_before():
-    """Each run of the default and the quick reproduction gets the TrainConfig the flat
-    ReproduceConfig gave it (recorded before the config tree; data_dir aside, which was a
-    placeholder then), once the two changes the sink calibration made to the recipe (q/k norm
+    """Each run of the default and the quick reproduction's natural-text part gets the
+    TrainConfig the flat ReproduceConfig gave it (recorded before the config tree; data_dir
+    aside, which was a placeholder then), once the two changes the sink calibration made to the recipe (q/k norm
     off, LR 1e-2) and the warm-up cap are undone: nothing else moved."""
     import dataclasses
 
-    from gatedattn.reproduce import ReproduceConfig
+    from gatedattn.reproduce import TextConfig
+    from gatedattn.reproduce.main_job import text_part_config
 
     def before_calibration(cfg):
         model = dataclasses.replace(cfg.train.model, attention={})
         return dataclasses.replace(cfg, train=cfg.train.replace(lr=3e-3, model=model))
 
     recorded = json.loads((LEGACY / "legacy_reproduce_train_configs.json").read_text())
-    configs = {"default": ReproduceConfig(steps=700, budget_minutes=None), "quick": ReproduceConfig.quick(),
-               "quick_set": ReproduceConfig.quick(grad_clip=0.5)}
+    configs = {"default": text_part_config().replace(steps=700, budget_minutes=None), "quick": text_part_config(quick=True),
+               "quick_set": TextConfig.quick(grad_clip=0.5)}
     assert all(c.train.lr == 1e-2 and c.train.model.attention == {"qk_norm": False} for c in configs.values())
     configs = {k: before_calibration(c) for k, c in configs.items()}
     for key, old in recorded.items():

@@ -14,7 +14,9 @@ Every command that takes ``--set`` walks its root config class (``TrainConfig`` 
 
 A key may be given in full (``model.gate.activation``) or by any dotted suffix that
 names exactly one key (``gate.activation``), so every command accepts the same short
-keys. Values are parsed by the field's type (:func:`parse_value`).
+keys. Values are parsed by the field's type (:func:`parse_value`). A config class whose
+fields moved declares ``MOVED_KEYS`` (the old first part of a key -> its new prefix):
+an old key still works for a release, with a DeprecationWarning naming the new one.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import math
 import textwrap
 import types
 import typing
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from gatedattn.infra.errors import ConfigError
 
@@ -231,11 +234,23 @@ def parse_sets(cls: type, items: list[str] | tuple[str, ...],
     out: dict[tuple[str, ...], Any] = {}
     for item in items:
         key, text = split_item(item)
-        s = resolve(key, known)
+        s = resolve(moved_key(key, getattr(cls, "MOVED_KEYS", {})), known)
         if flags and s.key in flags:
             raise ConfigError(f"--set {key}: {s.key} is set by {flags[s.key]}, not --set")
         out[s.path] = parse_value(text, s.type, s.key)
     return out
+
+
+def moved_key(key: str, moved: Mapping[str, str]) -> str:
+    """``key`` by its new name where its first part moved (``moved``: old first part ->
+    new prefix), with a DeprecationWarning naming the new key; else ``key``."""
+    head, dot, rest = key.partition(".")
+    if head not in moved:
+        return key
+    new = moved[head] + dot + rest
+    warnings.warn(f"--set {key} is now --set {new} (the old key goes in the next release)", DeprecationWarning,
+                  stacklevel=3)
+    return new
 
 
 def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:

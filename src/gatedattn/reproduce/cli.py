@@ -17,7 +17,7 @@ from gatedattn.infra.guard import study_output
 from gatedattn.infra.inputs import input_options
 from gatedattn.infra.io import read_json_object
 from gatedattn.infra.sizes import check_training_size
-from gatedattn.infra.settings import apply_sets, help_text, settings, with_values
+from gatedattn.infra.settings import help_text, parse_sets, settings, with_values
 from gatedattn.reproduce.registry import ALWAYS, QUIET_FLAG, Flag, Study
 from gatedattn.reproduce.studies import STUDIES, rewrite
 from gatedattn.train.config import TrainConfig
@@ -54,8 +54,11 @@ def _check_flags(study: Study, args: argparse.Namespace) -> None:
 
 def study_config(study: Study, args: argparse.Namespace) -> Any:
     """The study's config: its defaults (or its ``quick`` run's), each given flag's value
-    at the key it sets, then ``--set`` items (a key a given flag sets, or an
-    ``only_flag`` key, may not also come from ``--set``)."""
+    at the key it sets (a part switched on before the keys under it), then ``--set``
+    items (a key a given flag sets, or an ``only_flag`` key, may not also come from
+    ``--set``). A flag or ``--set`` key under a part of the study that is left out is
+    refused, naming the flag that switches the part on; ``--quiet`` (which every study
+    takes) quiets only the parts that run."""
     values: dict[str, Any] = {}
     refused: dict[str, str] = {}
     for flag, spec in study.flags.items():
@@ -65,22 +68,65 @@ def study_config(study: Study, args: argparse.Namespace) -> Any:
         if not _is_given(given):
             continue
         values.update(dict.fromkeys(spec.clears))
-        values[spec.key] = spec.value if spec.switch else tuple(given) if isinstance(given, list) else given
+        values[spec.key] = _switch_value(spec, args.quick) if spec.switch else \
+            tuple(given) if isinstance(given, list) else given
         refused[spec.key] = flag
     cfg = study.config.quick() if args.quick else study.config()
-    cfg = with_values(cfg, values)
-    cfg = apply_sets(cfg, args.set or [], refused) if study.takes_sets else cfg
-    _check_needs(study, args, cfg)
-    return cfg
-
-
-def _check_needs(study: Study, args: argparse.Namespace, cfg: Any) -> None:
-    """A given flag of a part that is not switched on is refused in one line, naming the
-    flag that switches it on."""
+    left_out: dict[str, str] = {}  # flag -> the part it applies to, left out
     for flag, spec in study.flags.items():
-        if spec.needs and _is_given(getattr(args, _dest(flag), None)) and not getattr(cfg, spec.needs[0]):
-            raise ConfigError(f"{flag} applies to the natural-text part, which this study runs only with "
-                              f"{spec.needs[1]}; add {spec.needs[1]} (or use --study text)")
+        part = _part_left_out(study, spec.key, cfg, values)
+        if part and _is_given(getattr(args, _dest(flag), None)):
+            if flag in ALWAYS:
+                values.pop(spec.key)
+            else:
+                left_out[flag] = part
+    # built with those parts switched on, so that a bad value is named first, as where they run
+    switched = {part: _switch_value(study.flags[on], args.quick)
+                for part in left_out.values() if (on := _switch_on(study, part))}
+    cfg = with_values(cfg, dict(sorted({**values, **switched}.items(), key=lambda kv: kv[0].count("."))))
+    if left_out:
+        raise ConfigError(_left_out(study, *next(iter(left_out.items()))))
+    if not study.takes_sets:
+        return cfg
+    sets = {".".join(path): value for path, value in parse_sets(type(cfg), args.set or [], refused).items()}
+    for key in sets:
+        part = _part_left_out(study, key, cfg, {})
+        if part:
+            raise ConfigError(_left_out(study, f"--set {key}", part))
+    return with_values(cfg, sets)
+
+
+def _switch_value(spec: Flag, quick: bool) -> Any:
+    """What a switch sets: its value, or the config its callable value makes (as a tree)."""
+    if not callable(spec.value):
+        return spec.value
+    made = spec.value(quick)
+    return made.to_dict() if hasattr(made, "to_dict") else made
+
+
+def _part_left_out(study: Study, key: str, cfg: Any, values: dict[str, Any]) -> str | None:
+    """The part of ``study`` that ``key`` lies under where it is left out (None in
+    ``values``, else in ``cfg``); else None."""
+    part, dot, _ = key.partition(".")
+    if not dot or part not in study.parts:
+        return None
+    return part if values.get(part, getattr(cfg, part)) is None else None
+
+
+def _switch_on(study: Study, part: str) -> str | None:
+    """The flag that switches ``part`` on, if the study has one."""
+    return next((flag for flag, spec in study.flags.items()
+                 if spec.key == part and spec.switch and spec.value is not None), None)
+
+
+def _left_out(study: Study, what: str, part: str) -> str:
+    """The one-line refusal of ``what`` (a flag, or ``--set KEY``) under ``part``, left out."""
+    on = _switch_on(study, part)
+    if on:
+        alone = f" (or use --study {part})" if part in STUDIES else ""
+        return f"{what} applies to the {part} part, which this study runs only with {on}; add {on}{alone}"
+    off = next((flag for flag, spec in study.flags.items() if spec.key == part and spec.switch), "this run")
+    return f"{what} applies to the {part} part, which {off} leaves out"
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -21,12 +21,14 @@ Section = Callable[[dict, Path], list[str]]
 @dataclass(frozen=True)
 class Flag:
     """One command-line flag of a study: it sets ``key`` (dotted, in the study's config) to
-    its value parsed by ``type`` (None: the text as given), or to ``value`` for a ``switch``;
-    ``clears`` keys are set to None with it (a field it replaces); an ``only_flag`` key may
-    not be given by ``--set`` either; a ``repeat`` flag may be given several times (its
-    values collect in order). Flags of the same name in several studies must agree on
-    ``type``, ``switch``, ``repeat`` and ``choices``; their helps are shown side by side.
-    A flag that ``needs`` a switched-on part (``(key, flag)``) is refused without it."""
+    its value parsed by ``type`` (None: the text as given), or to ``value`` for a ``switch``
+    (a callable ``value`` is called with whether the run is ``--quick``: a part's config,
+    switched on); ``clears`` keys are set to None with it (a field it replaces); an
+    ``only_flag`` key may not be given by ``--set`` either; a ``repeat`` flag may be given
+    several times (its values collect in order). Flags of the same name in several studies
+    must agree on ``type``, ``switch``, ``repeat`` and ``choices``; their helps are shown
+    side by side. A flag whose key lies under a part of the study (``Study.parts``) applies
+    only where that part runs."""
 
     key: str
     help: str
@@ -38,7 +40,6 @@ class Flag:
     repeat: bool = False
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
-    needs: tuple[str, str] | None = None  # (config key, flag): this flag applies only where that key is true
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Study:
     key: str | None = None  # where its results sit in results.json, for folding into the main job
     section: Section | None = None  # its lines in a report it is folded into
     claims: tuple[str, ...] = ()  # the claims (keys of CLAIMS) its results settle
-    parts: tuple[str, ...] = ()  # the registered studies its default runs, in order
+    parts: tuple[str, ...] = ()  # the studies it composes (fields of its config, each None where left out), in order
     takes_sets: bool = True  # --set KEY=VALUE changes its config
 
     def flag_names(self) -> tuple[str, ...]:

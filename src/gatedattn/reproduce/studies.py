@@ -10,13 +10,13 @@ report section) and one entry below.
 
 The main job is a composition: the ``mechanism`` study, the ``pretrained`` study and, with
 ``--with-text``, the ``text`` study, in one output directory and one report (its
-``parts``); the studies with a ``key`` (lr, rank) run apart and fold into the main
-report's natural-text claims with ``--fold DIR``.
+``parts``, in the order of ``main_job.PARTS``, each declared in ``MAIN_PARTS``); the
+studies with a ``key`` (lr, rank) run apart and fold into the main report's natural-text
+claims with ``--fold DIR``.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -24,7 +24,8 @@ from typing import Any
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.reproduce import calibration, lr_study, main_job, rank_sweep
-from gatedattn.reproduce.main_job import MainPart, ReproduceConfig, rejudge, reproduce
+from gatedattn.reproduce.claims import judge_all
+from gatedattn.reproduce.main_job import PARTS, MainPart, ReproduceConfig, keyed_part, rejudge, reproduce
 from gatedattn.reproduce.mechanism import calibration as mechanism_calibration, config as mechanism_config
 from gatedattn.reproduce.mechanism.claims import judge_depths
 from gatedattn.reproduce.mechanism.report import mechanism_part, write_mechanism_report
@@ -36,33 +37,40 @@ from gatedattn.reproduce.pretrained.study import NAME as PRETRAINED, rewrite_pre
 from gatedattn.reproduce.registry import Section, Study
 from gatedattn.reproduce.report import write_report
 from gatedattn.reproduce.text import config as text_config
+from gatedattn.reproduce.text.run import start_part as start_text_part
 
 
 def _fold_sections() -> dict[str, Section]:
     return {s.key: s.section for s in STUDIES.values() if s.key and s.section}
 
 
-def _main_parts(cfg: ReproduceConfig | None = None) -> list[MainPart]:
-    """The main job's parts before natural text, in order (those its config leaves out
-    left out; with no config, every one, for writing a report again)."""
-    parts = [("mechanism", run_mechanism_part, mechanism_part, judge_depths),
-             ("pretrained", pretrained_study.run_part, pretrained_part, pretrained_study.judge_part)]
-    return [MainPart(key, functools.partial(run, getattr(cfg, key)) if cfg is not None else None, section, judge)
-            for key, run, section, judge in parts if cfg is None or getattr(cfg, key) is not None]
+def _judge_text(results: dict[str, Any]) -> None:
+    results["claims"] = judge_all(results)
+
+
+# the main job's parts, each declared once; ``main_job.PARTS`` orders them
+MAIN_PARTS: dict[str, MainPart] = {p.key: p for p in (
+    keyed_part(mechanism_config.NAME, run_mechanism_part, judge_depths, mechanism_part),
+    keyed_part(PRETRAINED, pretrained_study.run_part, pretrained_study.judge_part, pretrained_part),
+    MainPart(text_config.NAME, start_text_part, lambda results: results if results.get("variants") else None,
+             _judge_text),
+)}
 
 
 def _run_main(cfg: ReproduceConfig, command: str | None) -> Path:
-    return reproduce(cfg, command, parts=_main_parts(cfg), fold=cfg.fold, foldable=_fold_sections(),
-                     natural_text=cfg.natural_text)
+    return reproduce(cfg.STUDY, Path(cfg.out_dir), [(MAIN_PARTS[key], getattr(cfg, key)) for key in cfg.parts()],
+                     command or cfg.command(), record=cfg.record(), fold=cfg.fold, foldable=_fold_sections())
 
 
 def _run_text(cfg: text_config.TextConfig, command: str | None) -> Path:
-    return reproduce(cfg, command, foldable=_fold_sections())
+    return reproduce(cfg.STUDY, Path(cfg.out_dir), [(MAIN_PARTS[text_config.NAME], cfg)], command or cfg.command(),
+                     foldable=_fold_sections())
 
 
 def _text_report(results: dict[str, Any], out: Path) -> Path:
-    return write_report(rejudge(results, _main_parts()), out, sections=list(_fold_sections().values()),
-                        parts=[(p.key, p.section) for p in _main_parts()])
+    parts = [MAIN_PARTS[key] for key in PARTS]
+    return write_report(rejudge(results, parts), out, sections=list(_fold_sections().values()),
+                        parts=[(p.key, p.section) for p in parts if p.section is not None])
 
 
 def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
@@ -71,7 +79,7 @@ def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study(main_job.NAME, "the main job: the mechanism study and the real-model study (natural text with --with-text)",
-          ReproduceConfig, main_job.FLAGS, _run_main, report=_text_report, parts=("mechanism", PRETRAINED)),
+          ReproduceConfig, main_job.FLAGS, _run_main, report=_text_report, parts=PARTS),
     Study(PRETRAINED, "a real pretrained LM, frozen: its attention sink and massive activations, whether the sink "
                       "is needed, and whether a learnable sink or an output gate can take its job (default: the "
                       "bundled SmolLM2-135M-Instruct)", pretrained_config.PretrainedConfig, pretrained_config.FLAGS,

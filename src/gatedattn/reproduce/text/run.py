@@ -212,12 +212,19 @@ def step_speed(train_cfg: TrainConfig, data: TokenData, step_s: float) -> dict[s
     return SpeedMeter.for_config(train_cfg, data).fields(tokens_per_s)
 
 
-def start_study(cfg: TextConfig) -> tuple[Path, Path, TokenData, dict[str, Any]]:
-    """A study's output directory, its data (prepared once where none is given, and
-    checked before the output directory exists), and its results as they start."""
+def open_data(cfg: TextConfig) -> tuple[Path, TokenData]:
+    """The study's data directory (prepared once where none is given) and its tokens,
+    checked."""
     data_dir = ensure_data(cfg)
     data = TokenData(data_dir, verify=True)
     data.check_tokenizer()
+    return data_dir, data
+
+
+def start_study(cfg: TextConfig) -> tuple[Path, Path, TokenData, dict[str, Any]]:
+    """A study's output directory, its data (prepared once where none is given, and
+    checked before the output directory exists), and its results as they start."""
+    data_dir, data = open_data(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = {"study": cfg.STUDY, "config": {**cfg.to_dict(), **_report_fields(cfg.train)},
@@ -253,13 +260,35 @@ def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path, resul
     return cfg
 
 
+def start_part(cfg: TextConfig, out: Path) -> Callable[[dict[str, Any]], None]:
+    """The study as a part of a job that writes into ``out``: its data prepared and
+    checked now, before any part of the job trains; returns the part's run, which trains
+    and analyses every variant (:func:`text_part`) into the job's results, at their top
+    level where every natural-text report reads them, with its data and model in the
+    job's provenance (``meta``)."""
+    cfg = cfg.replace(out_dir=str(out))
+    data_dir, data = open_data(cfg)
+
+    def run(results: dict[str, Any]) -> None:
+        results.update(variants={}, summary={})
+        ran = text_part(cfg, data_dir, data, out, results)
+        results["meta"] = {**results.get("meta", {}), **text_meta(ran, data)}
+
+    return run
+
+
 def study_meta(cfg: TextConfig, data: TokenData, command: str | None, started: float) -> dict[str, Any]:
     """The provenance of a study, with its data, model and precision in words."""
+    return {**run_meta(command or cfg.command(), started), **text_meta(cfg, data)}
+
+
+def text_meta(cfg: TextConfig, data: TokenData) -> dict[str, Any]:
+    """The study's data, model, analysis tokens and precision, in words (its part of a
+    report's provenance)."""
     mcfg = cfg.model_config("baseline", data.vocab_size)
     a = mcfg.attention
     n_params = sum(p.numel() for p in GatedLM(mcfg).parameters())
     return {
-        **run_meta(command or cfg.command(), started),
         "data": f"{data.manifest.source} — {data.train_tokens:,} training / {data.val_tokens:,} validation tokens, "
                 f"vocab {data.vocab_size} (byte-level BPE)",
         "model": f"{mcfg.n_layers} layers, d_model {a.d_model}, {a.n_heads} heads ({a.n_kv_heads} KV), "
