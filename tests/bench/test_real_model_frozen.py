@@ -39,9 +39,9 @@ def test_the_frozen_step_trains_the_sinks_of_the_upper_layers_only():
     assert (seen.kernels, seen.backward) == (2, 2)
     # forward: 7 projections per block and the head; backward: input gradients only (no
     # weight-gradient matmul), and none into the no-gradient stream entering block 1
-    # through its q, k and v projections; the head fused with the loss recomputes its
-    # logits, then the input gradient (the frozen head gets none)
-    assert seen.mm == (7 * 2 + 1) + (7 * 2 - 3) + 2
+    # through its q, k and v projections; the frozen head fused with the loss takes its
+    # logits and the input's gradient in forward (two products) and none in backward
+    assert seen.mm == (7 * 2 + 2) + (7 * 2 - 3)
     assert len(sinks) == 2 and all(p.shape == (4,) for p in sinks)
     assert all(p is model.blocks[i + 1].attn.sink for i, p in enumerate(sinks))
     assert all(float(p.detach().abs().max()) > 0 for p in sinks)  # moved from 0
@@ -80,7 +80,7 @@ def test_under_autocast_the_frozen_weights_are_cast_once_for_every_step():
     with WeightCasts(weights) as second, Attended() as seen:
         step()
     assert first.casts >= len(weights) - 1 and second.casts == 0  # (the layers' below run before the steps)
-    assert seen.mm == (4 * 2 + 1) + (4 * 2 - 1) + 2  # q/k/v and gate/up stacked: 4 products a block
+    assert seen.mm == (4 * 2 + 2) + (4 * 2 - 1)  # q/k/v and gate/up stacked: 4 products a block
     assert all(float(p.detach().abs().max()) > 0 for p in sinks)
     hidden, targets = torch.randn(4, 8, base.cfg.attention.d_model), torch.randint(0, 50, (4, 8))
     with torch.autocast("cpu", dtype=torch.bfloat16), WeightCasts(weights) as arm:
