@@ -52,3 +52,16 @@ def test_the_reports_a_committed_report_points_to_are_committed():
     for report in DOCS.glob("*/report.md"):
         for path in re.findall(r"`(docs/[^`\s]+\.md)`", report.read_text()):
             assert (root / path).is_file(), f"{report.relative_to(root)} points to {path}, which is not committed"
+
+
+def test_the_readme_headline_figures_are_the_committed_reports():
+    import re
+
+    readme = (DOCS.parent / "README.md").read_text()
+    table = readme.split("**Headline figures**", 1)[1].split("\n## ", 1)[0]
+    report = (DOCS / "reproduction" / "report.md").read_text()
+    rows = [line.split("|")[2] for line in table.splitlines() if line.startswith("| ") and "measured" not in line]
+    figures = [f.replace(",", "") for row in rows for f in re.findall(r"[+-]?\d[\d,]*\.\d+(?: ± \d+\.\d+)?|\d{1,3}(?:,\d{3})+", row)]
+    assert len(figures) >= 8
+    missing = [f for f in figures if f not in report]
+    assert not missing, f"README headline figures not in docs/reproduction/report.md: {missing}"
