@@ -177,6 +177,17 @@ def option(default: Any = dataclasses.MISSING, *, help: str, **meta: Any) -> Any
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def fields_dict(obj: Any) -> dict[str, Any]:
+    """A config dataclass as plain data: each field by name, a nested config by its own
+    ``to_dict()``, a tuple as a list."""
+    d = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        d[f.name] = (value.to_dict() if hasattr(value, "to_dict") else
+                     list(value) if isinstance(value, tuple) else value)
+    return d
+
+
 def build(cls: type, data: dict[str, Any], owner: str | None = None) -> Any:
     """``cls(**data)``, refusing a field ``cls`` does not have by its name and the allowed
     ones (the one ``from_dict`` check of every config class)."""

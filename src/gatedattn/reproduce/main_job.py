@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Mapping
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.infra.provenance import run_meta, say
-from gatedattn.infra.settings import build, check_options, dataclass_of, option
+from gatedattn.infra.settings import build, check_options, dataclass_of, fields_dict, option
 from gatedattn.reproduce.mechanism.config import MechanismConfig
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.registry import OUT_FLAG, Flag, Section
@@ -131,12 +131,7 @@ class ReproduceConfig:
                 "pretrained": self.pretrained and self.pretrained.to_dict()}
 
     def to_dict(self) -> dict[str, Any]:
-        d = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            d[f.name] = (value.to_dict() if hasattr(value, "to_dict") else
-                         list(value) if isinstance(value, tuple) else value)
-        return d
+        return fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ReproduceConfig":

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.precision import DTYPES
-from gatedattn.infra.settings import build, check_options, dataclass_of, option
+from gatedattn.infra.settings import build, check_options, dataclass_of, fields_dict, option
 from gatedattn.layers.variants import VARIANTS
 from gatedattn.models.lm import ModelConfig
 from gatedattn.reproduce.registry import Flag, list_of, out_flag, quiet_flag
@@ -176,12 +176,7 @@ class TextConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        d = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            d[f.name] = (value.to_dict() if hasattr(value, "to_dict") else
-                         list(value) if isinstance(value, tuple) else value)
-        return d
+        return fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:
