@@ -109,3 +109,16 @@ def test_every_part_starts_before_any_runs_then_each_runs_in_order(tmp_path):
     assert results["a"]["judged"] and results["b"]["value"] == 2 and results["a"]["minutes"] >= 0
     text = report.read_text()
     assert text.index("## Part 1: a") < text.index("## Part 2: b") < text.index("**Natural text:**")
+
+
+def test_the_text_parts_budget_is_the_jobs_and_checked_like_the_text_studys(tmp_path, capsys):
+    from gatedattn.cli import main
+    from gatedattn.reproduce.cli import _budget_minutes
+
+    assert _budget_minutes(_config()) is None
+    assert _budget_minutes(_config("--with-text", "--budget-minutes", "3")) == 3.0
+    out = tmp_path / "out"
+    week = 7 * 24 * 60
+    for argv in (["--study", "text"], ["--with-text", "--no-mechanism", "--no-pretrained"]):
+        assert main(["reproduce", *argv, "--budget-minutes", str(week + 1), "--out", str(out)]) == 2
+        assert "must be a finite number of minutes" in capsys.readouterr().err and not out.exists()
