@@ -113,10 +113,9 @@ def test_every_part_starts_before_any_runs_then_each_runs_in_order(tmp_path):
 
 def test_the_text_parts_budget_is_the_jobs_and_checked_like_the_text_studys(tmp_path, capsys):
     from gatedattn.cli import main
-    from gatedattn.reproduce.cli import _budget_minutes
 
-    assert _budget_minutes(_config()) is None
-    assert _budget_minutes(_config("--with-text", "--budget-minutes", "3")) == 3.0
+    assert _config().budget_minutes is None
+    assert _config("--with-text", "--budget-minutes", "3").budget_minutes == 3.0
     out = tmp_path / "out"
     week = 7 * 24 * 60
     for argv in (["--study", "text"], ["--with-text", "--no-mechanism", "--no-pretrained"]):

@@ -81,7 +81,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     head for each), and the log-sum-exp is accumulated across chunks."""
 
     @staticmethod
-    def forward(ctx, h_NC, weight_VC, targets_N, ignore_index, reduction, chunk):
+    def forward(ctx, h_NC, weight_VC, targets_N, ignore_index, reduction, chunk, one_pass):
         dtype = _compute_dtype(h_NC)
         h, w = h_NC.to(dtype), weight_VC.to(dtype)
         valid = targets_N != ignore_index
@@ -89,7 +89,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         soft = torch.promote_types(dtype, torch.float32)  # the softmax's dtype: float32, or float64 inputs' own
         lse = torch.full((h.shape[0],), -math.inf, dtype=soft, device=h.device)
         picked = torch.zeros_like(lse)
-        one_pass = ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]  # a frozen head
         with torch.autocast(h.device.type, enabled=False):
             if one_pass:
                 lse, picked, grad_h = _loss_and_input_grad(h, w, safe, lse, picked, chunk)
@@ -118,7 +117,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if ctx.one_pass:
             grad_h, valid = ctx.saved_tensors
             return (grad_h.mul_(_row_grad(ctx, grad_out, valid, grad_h.dtype)[:, None]).to(h_dtype),
-                    None, None, None, None, None)
+                    None, None, None, None, None, None)
         h, w, safe, valid, lse = ctx.saved_tensors
         row_grad = _row_grad(ctx, grad_out, valid, lse.dtype)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -136,7 +135,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     dh += dlogits @ wc
                 if need_w:
                     dw[v0:v0 + chunk] = dlogits.T @ h
-        return (None if dh is None else dh.to(h_dtype), dw, None, None, None, None)
+        return (None if dh is None else dh.to(h_dtype), dw, None, None, None, None, None)
 
 
 def linear_cross_entropy(h_NC: torch.Tensor, weight_VC: torch.Tensor, targets_N: torch.Tensor, *,
@@ -153,4 +152,6 @@ def linear_cross_entropy(h_NC: torch.Tensor, weight_VC: torch.Tensor, targets_N:
     chunk = _entries_per_chunk(h_NC.shape[0], weight_VC.shape[0], chunk)
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
-    return _LinearCrossEntropy.apply(h_NC, weight_VC, targets_N, ignore_index, reduction, chunk)
+    # a frozen head under gradients: the input's gradient is taken in the loss's own pass
+    one_pass = torch.is_grad_enabled() and h_NC.requires_grad and not weight_VC.requires_grad
+    return _LinearCrossEntropy.apply(h_NC, weight_VC, targets_N, ignore_index, reduction, chunk, one_pass)

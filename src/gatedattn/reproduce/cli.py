@@ -129,14 +129,6 @@ def _left_out(study: Study, what: str, part: str) -> str:
     return f"{what} applies to the {part} part, which {off} leaves out"
 
 
-def _budget_minutes(cfg: Any) -> float | None:
-    """The wall-clock budget a study's config sets: its own, or its natural-text part's
-    (the main job with ``--with-text``); None where nothing is budgeted."""
-    own = getattr(cfg, "budget_minutes", None)
-    text = getattr(cfg, "text", None)
-    return own if own is not None or text is None else getattr(text, "budget_minutes", None)
-
-
 def _run(args: argparse.Namespace) -> int:
     study = STUDIES[args.study or "main"]
     _check_flags(study, args)
@@ -145,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"report: {rewrite(study, cfg.out_dir)}")
         return 0
     check_training_sizes(cfg)  # before the data is prepared or anything trains
-    with study_output(cfg.out_dir, budget_minutes=_budget_minutes(cfg),
+    with study_output(cfg.out_dir, budget_minutes=getattr(cfg, "budget_minutes", None),
                       study=study.name):  # budget, lock, another study's output refused, signals
         print(f"report: {study.run(cfg, _command())}")
     return 0

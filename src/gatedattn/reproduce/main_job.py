@@ -100,6 +100,11 @@ class ReproduceConfig:
         return tuple(name for name in PARTS if getattr(self, name) is not None)
 
     @property
+    def budget_minutes(self) -> float | None:
+        """The job's wall-clock budget: its natural-text part's (None where it has none)."""
+        return None if self.text is None else self.text.budget_minutes
+
+    @property
     def natural_text(self) -> bool:
         """Whether the job runs the natural-text part (``text is not None``)."""
         warnings.warn("ReproduceConfig.natural_text moved to ReproduceConfig.text (a TextConfig, None where left "
