@@ -432,7 +432,8 @@ def _tiny_model_dir(tmp_path, default_corpus_dir, name="tiny-lm"):
 
 
 @pytest.mark.slow
-def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path, default_corpus_dir, monkeypatch):
+def test_the_study_runs_on_a_model_directory_and_its_report_regenerates(tmp_path, default_corpus_dir, monkeypatch,
+                                                                          small_study_text):
     model = _tiny_model_dir(tmp_path, default_corpus_dir, os.fsdecode(b"tiny-\xff-lm"))  # not UTF-8: still works
     out = tmp_path / "study"
     args = ["reproduce", "--study", "pretrained", "--quick", "--model", str(model), "--out", str(out), "-q",
