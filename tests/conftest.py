@@ -1,4 +1,6 @@
 import atexit
+import dataclasses
+import functools
 import os
 import shutil
 import tempfile
@@ -14,6 +16,10 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
 # in the user's cache; the suite keeps its own.
 if "GATEDATTN_PEAK_CACHE" not in os.environ:
     os.environ["GATEDATTN_PEAK_CACHE"] = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "peak_flops.json")
+
+# What the project caches machine-wide (tokenizers built from GGUF files) goes to a cache of
+# the suite's own, shared by its workers: the user's stays untouched.
+os.environ["GATEDATTN_CACHE"] = SHARED_CACHE = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "gatedattn-cache")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -60,8 +66,28 @@ def default_corpus_dir(tmp_path_factory):
 def default_cache(default_corpus_dir, tmp_path, monkeypatch):
     """``GATEDATTN_CACHE`` for one test: a directory of its own holding a copy of the
     prepared default corpus, so that the test neither prepares it again nor touches the
-    shared one."""
+    shared one (the tokenizers the run builds stay shared)."""
     cache = tmp_path / "cache"
     shutil.copytree(default_corpus_dir, cache / default_corpus_dir.name)
+    os.makedirs(os.path.join(SHARED_CACHE, "tokenizers"), exist_ok=True)
+    os.symlink(os.path.join(SHARED_CACHE, "tokenizers"), cache / "tokenizers")  # built once for the whole run
     monkeypatch.setenv("GATEDATTN_CACHE", str(cache))
     return cache
+
+
+@functools.cache
+def _tenth_of_the_corpus():
+    from gatedattn.data.corpus import default_corpus
+
+    full = default_corpus()
+    return dataclasses.replace(full, documents=full.documents[::10])
+
+
+@pytest.fixture
+def small_study_text(monkeypatch):
+    """The real-model study's text cut to every tenth document of the bundled corpus, for
+    a quick study on a tiny model: its small vocabulary spells the corpus in many short
+    tokens (seconds to encode all of it), and the study reads a few windows of it."""
+    from gatedattn.reproduce.pretrained import text
+
+    monkeypatch.setattr(text, "default_corpus", _tenth_of_the_corpus)

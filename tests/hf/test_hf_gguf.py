@@ -275,6 +275,43 @@ def test_a_files_metadata_and_tokenizer_are_read_once_and_anew_when_it_changes(t
     assert load_model(path).cfg.n_layers == model.cfg.n_layers + 1 and reads.count(False) == 2
 
 
+def test_a_files_tokenizer_is_built_once_per_machine_and_read_back_from_the_cache(tmp_path, monkeypatch):
+    from transformers import modeling_gguf_pytorch_utils as transformers_gguf_utils
+
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+    reads = []
+    real = transformers_gguf_utils.load_gguf_checkpoint
+    monkeypatch.setattr(transformers_gguf_utils, "load_gguf_checkpoint",
+                        lambda path, **kw: reads.append(path) or real(path, **kw))
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"))
+    built = hf_gguf.gguf_hf_tokenizer(path)
+    header = hf_gguf.read_header(path)
+    where = hf_gguf.tokenizer_cache_dir(header)
+    assert reads == [str(path)] and (where / "tokenizer.json").is_file() and where.parent == tmp_path / "cache" / \
+        "tokenizers"
+    hf_gguf._TOKENIZERS.clear()  # a new process: the file's tokenizer comes from the cache, not the converter
+    again = hf_gguf.gguf_hf_tokenizer(path)
+    assert reads == [str(path)] and type(again) is type(built)
+    text = "the then<|endoftext|> in the"
+    assert again(text).input_ids == built(text).input_ids and again.eos_token_id == built.eos_token_id
+    assert again.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
+    # other weights under the same metadata share its entry; other metadata has its own
+    other = write_gguf(tmp_path / "other.gguf", tiny_hf("llama"), tensor_hook=lambda name, a: a * 0.5)
+    assert hf_gguf.tokenizer_cache_dir(hf_gguf.read_header(other)) == where
+    renamed = write_gguf(tmp_path / "renamed.gguf", tiny_hf("llama"),
+                         extra=lambda w: w.add_string("tokenizer.ggml.pre", "qwen2"))
+    assert hf_gguf.tokenizer_cache_dir(hf_gguf.read_header(renamed)) != where
+    # a cache that cannot be written, or holds a broken entry, is passed over
+    hf_gguf._TOKENIZERS.clear()
+    (where / "tokenizer.json").write_text("{broken")
+    assert hf_gguf.gguf_hf_tokenizer(path)(text).input_ids == built(text).input_ids
+    assert json.loads((where / "tokenizer.json").read_text())  # built again and left whole
+    hf_gguf._TOKENIZERS.clear()
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "not-a-dir"))
+    assert hf_gguf.gguf_hf_tokenizer(path)(text).input_ids == built(text).input_ids
+
+
 def test_convert_from_gguf_writes_tokenizer_and_round_trips(llama_file, tmp_path, capsys):
     path, source = llama_file
     out = tmp_path / "converted"

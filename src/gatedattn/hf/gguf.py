@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -37,7 +38,9 @@ import torch
 
 from gatedattn.hf.checkpoint import DictTensorSource
 from gatedattn.hf.importers import hf_config_object, hf_specs, importer_for, quiet_transformers, read_hf_state
+from gatedattn.infra.cache import cache_root
 from gatedattn.infra.errors import GatedAttnError
+from gatedattn.infra.io import atomic_dir
 from gatedattn.infra.sizes import check_model_size
 from gatedattn.models.lm import GatedLM, check_state_dict
 
@@ -79,6 +82,7 @@ class Header:
     path: Path
     metadata: dict[str, Any]
     tensors: tuple[TensorInfo, ...]
+    metadata_end: int = 0  # the byte where the metadata ends (the tokenizer's arrays are in [0, metadata_end))
 
     @property
     def architecture(self) -> str:
@@ -177,6 +181,7 @@ def _parse(path: Path, buf) -> Header:
     for _ in range(n_kv):
         key = cur.string()
         metadata[key] = cur.value(cur.take("<I"))
+    metadata_end = cur.pos
     entries = []
     for _ in range(n_tensors):
         name = cur.string()
@@ -205,7 +210,7 @@ def _parse(path: Path, buf) -> Header:
             raise GatedAttnError(f"{path} is truncated: tensor {name!r} ends at byte {end} but the file has "
                                  f"{len(buf)} bytes")
         tensors.append(TensorInfo(name, shape, kind.name, nbytes))
-    return Header(path, metadata, tuple(tensors))
+    return Header(path, metadata, tuple(tensors), metadata_end)
 
 
 def _alignment(path: Path, value: Any) -> int:
@@ -447,17 +452,14 @@ _TOKENIZERS: dict[tuple, Any] = {}
 def gguf_hf_tokenizer(path: str | Path):
     """transformers' tokenizer for the one embedded in a GGUF file (None when the file has
     none): ``AutoTokenizer.from_pretrained(parent, gguf_file=name)``, built once per file
-    (each call returns a copy of its own)."""
-    from transformers import AutoTokenizer  # lazy: heavy (transformers)
-
+    and machine (:func:`cached_tokenizer`; each call returns a copy of its own)."""
     header = read_header(path)
     if "tokenizer.ggml.model" not in header.metadata:
         return None
     key = _file_identity(header.path)
     try:
         if key not in _TOKENIZERS:
-            with quiet_transformers(), one_parse():
-                built = AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
+            built = cached_tokenizer(header)
             _TOKENIZERS.clear()
             _TOKENIZERS[key] = built
         return copy.deepcopy(_TOKENIZERS[key])
@@ -465,6 +467,37 @@ def gguf_hf_tokenizer(path: str | Path):
         raise GatedAttnError(f"{header.path}: its tokenizer (tokenizer.ggml.model="
                              f"{header.metadata['tokenizer.ggml.model']!r}) cannot be built "
                              f"({_first_line(e)})") from None
+
+
+def tokenizer_cache_dir(header: Header) -> Path:
+    """Where the tokenizer of ``header``'s file is kept once built: named by the SHA-256 of
+    the file's metadata bytes (the tokenizer is made from them alone, so a file with other
+    weights and the same tokenizer shares it) and the transformers version that built it."""
+    import transformers  # lazy: heavy (transformers)
+
+    digest = hashlib.sha256()
+    with open(header.path, "rb") as f:
+        for _ in range(0, header.metadata_end, 1 << 20):
+            digest.update(f.read(min(1 << 20, header.metadata_end - f.tell())))
+    return cache_root() / "tokenizers" / f"{digest.hexdigest()[:32]}-transformers-{transformers.__version__}"
+
+
+def cached_tokenizer(header: Header):
+    """The tokenizer embedded in ``header``'s file: read from :func:`tokenizer_cache_dir`
+    (a tenth of a second) where an earlier call left it, else built by transformers' GGUF
+    converter (seconds: it reads the whole vocabulary in Python) and left there. A cache
+    that cannot be read or written is passed over: the tokenizer is then built."""
+    from transformers import AutoTokenizer  # lazy: heavy (transformers)
+
+    where = tokenizer_cache_dir(header)
+    if (where / "tokenizer.json").is_file():
+        with contextlib.suppress(Exception), quiet_transformers():
+            return AutoTokenizer.from_pretrained(str(where))
+    with quiet_transformers(), one_parse():
+        built = AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
+    with contextlib.suppress(OSError, GatedAttnError), atomic_dir(where) as tmp:
+        built.save_pretrained(str(tmp))
+    return built
 
 
 def gguf_tokenizer(path: str | Path):

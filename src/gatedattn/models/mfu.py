@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from gatedattn.infra.cache import cache_root
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.io import atomic_write_json, read_json
 from gatedattn.infra.provenance import cpu_model
@@ -103,8 +104,7 @@ def cache_path() -> Path:
     directory (the test suite keeps its peaks, timed while tests run, out of the user's)."""
     if os.environ.get("GATEDATTN_PEAK_CACHE"):
         return Path(os.environ["GATEDATTN_PEAK_CACHE"])
-    root = os.environ.get("GATEDATTN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gatedattn")
-    return Path(root) / CACHE_FILE
+    return cache_root() / CACHE_FILE
 
 
 def _check_dtype(dtype: str) -> None:

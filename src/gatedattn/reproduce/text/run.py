@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from gatedattn.analysis.analyze import analyze, extrapolate
 from gatedattn.analysis.metrics import seed_stat
 from gatedattn.analysis.registry import TEXT_METRICS, keys
 from gatedattn.data import TokenData, prepare
+from gatedattn.infra.cache import cache_root
 from gatedattn.infra.io import atomic_write_json, json_safe
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.provenance import run_meta, say
@@ -46,8 +46,7 @@ SUMMARY_METRICS = keys(TEXT_METRICS, "analysis")
 
 def default_data_dir() -> Path:
     """Where the default corpus is prepared once and reused."""
-    root = os.environ.get("GATEDATTN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gatedattn")
-    return Path(root) / "default-data-v1"
+    return cache_root() / "default-data-v1"
 
 
 def ensure_data(cfg: TextConfig) -> Path:
