@@ -115,9 +115,15 @@ def verify_dir(directory: str | os.PathLike, *, required: tuple[str, ...] = (), 
 def record(path: str | os.PathLike, digest: str | None = None) -> None:
     """Enter ``path``'s sha256 (computed unless given) into its directory's manifest."""
     path = Path(path)
-    entries = _manifest(path.parent)
-    entries[path.name] = digest or sha256_file(path)
-    atomic_write_text(path.parent / CHECKSUMS, json.dumps(dict(sorted(entries.items())), indent=2) + "\n")
+    record_files(path.parent, {path.name: digest or sha256_file(path)})
+
+
+def record_files(directory: str | os.PathLike, digests: dict[str, str]) -> None:
+    """Enter the sha256 of several files of ``directory`` (name -> digest) into its
+    manifest in one write."""
+    directory = Path(directory)
+    entries = {**_manifest(directory), **digests}
+    atomic_write_text(directory / CHECKSUMS, json.dumps(dict(sorted(entries.items())), indent=2) + "\n")
 
 
 def expected_digest(path: str | os.PathLike) -> str | None:

@@ -31,7 +31,7 @@ import functools
 from pathlib import Path
 
 from gatedattn.infra.errors import GatedAttnError
-from gatedattn.infra.integrity import record
+from gatedattn.infra.integrity import record_files, sha256_file
 from gatedattn.infra.io import atomic_write_text
 
 PACKAGE = "gatedattn"
@@ -141,6 +141,7 @@ def write_code(directory: str | Path) -> dict[str, str]:
     its ``checksums.json``); return the ``auto_map`` to put into its ``config.json``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    for name, text in sorted(bundle_sources().items()):
-        record(atomic_write_text(directory / name, text))
+    digests = {name: sha256_file(atomic_write_text(directory / name, text))
+               for name, text in sorted(bundle_sources().items())}
+    record_files(directory, digests)  # one manifest write for them all
     return dict(AUTO_MAP)
