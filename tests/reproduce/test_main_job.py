@@ -1,6 +1,7 @@
 """The main job as a composition: its parts in the order of ``PARTS``, each a registered
 study with its own config, run through one interface; no part is a base of its config."""
 
+import dataclasses
 import json
 import warnings
 
@@ -12,6 +13,7 @@ from gatedattn.reproduce import ReproduceConfig, TextConfig
 from gatedattn.reproduce.cli import _check_flags, study_config
 from gatedattn.reproduce.main_job import PARTS, keyed_part, reproduce, text_part_config
 from gatedattn.reproduce.mechanism.config import MechanismConfig
+from gatedattn.reproduce.part_results import PartResults, optional
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.studies import MAIN_PARTS, STUDIES
 
@@ -85,20 +87,27 @@ def test_every_part_starts_before_any_runs_then_each_runs_in_order(tmp_path):
     trains, then run in the order given, its results recorded and judged."""
     calls = []
 
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Found(PartResults):
+        PART = "test"
+        value: int
+        minutes: float | None = optional()
+        judged: bool | None = optional()
+
     def part(key):
         def run(cfg, out):
             calls.append(("run", key, cfg))
-            return {"value": cfg}
+            return Found(value=cfg)
 
-        made = keyed_part(key, run, lambda found: found.setdefault("judged", True),
-                          lambda found, out, heading: [f"{heading} {key}", ""])
+        made = keyed_part(key, Found, run, lambda found: found.replace(judged=True),
+                          lambda found, out, heading: [f"{heading} {key} {found.value}", ""])
         start = made.start
 
         def starting(cfg, out):
             calls.append(("start", key, cfg))
             return start(cfg, out)
 
-        return type(made)(made.key, starting, made.results_of, made.judge, made.section)
+        return dataclasses.replace(made, start=starting)
 
     report = reproduce("main", tmp_path, [(part("a"), 1), (part("b"), 2)], "gatedattn reproduce",
                        record={"out_dir": str(tmp_path), "natural_text": False})
@@ -108,7 +117,7 @@ def test_every_part_starts_before_any_runs_then_each_runs_in_order(tmp_path):
     assert results["config"] == {"out_dir": str(tmp_path), "natural_text": False}
     assert results["a"]["judged"] and results["b"]["value"] == 2 and results["a"]["minutes"] >= 0
     text = report.read_text()
-    assert text.index("## Part 1: a") < text.index("## Part 2: b") < text.index("**Natural text:**")
+    assert text.index("## Part 1: a 1") < text.index("## Part 2: b 2") < text.index("**Natural text:**")
 
 
 def test_the_text_parts_budget_is_the_jobs_and_checked_like_the_text_studys(tmp_path, capsys):

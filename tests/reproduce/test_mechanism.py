@@ -449,13 +449,13 @@ def test_results_written_before_hyga_and_deep_seeds_still_render(tmp_path):
     records += [_fake_record("sink", s, 0.9, sink=0.001) for s in range(2)]
     results = build_results(cfg, cfg.task(), records)
     for field in ("deep_seeds", "sink_init", "task_family", "trigger_share", "successors", "task_seed"):
-        del results["config"][field]
+        del results.config[field]
     text = "\n".join(mechanism_section(judge_depths(results), tmp_path))
     assert "Not in these results: `hyga`, `hyga-lowrank`, `hyga-sink`" in text
     row = next(line for line in text.splitlines() if "(`sink`) |" in line)
     assert "**did not hold**" in row and "seeds 0.001, 0.001" in row
     assert (tmp_path / "learnable_sink_L1.png").is_file() and (tmp_path / "seeds_L1.png").is_file()
-    assert MechanismConfig.from_dict(results["config"]).deep_seeds == 3
+    assert MechanismConfig.from_dict(results.config).deep_seeds == 3
 
 
 def test_every_claim_quotes_what_the_papers_say():

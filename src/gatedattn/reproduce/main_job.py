@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.infra.settings import build, check_options, dataclass_of, fields_dict, option
 from gatedattn.reproduce.mechanism.config import MechanismConfig
+from gatedattn.reproduce.part_results import PartResults
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.registry import OUT_FLAG, Flag, Section
 from gatedattn.reproduce.report import Part, write_report
@@ -32,6 +33,8 @@ from gatedattn.reproduce.text.config import RUN_APART_FLAGS, TextConfig
 NAME = "main"  # the study's name in the registry
 
 PARTS = ("mechanism", "pretrained", "text")  # the main job's parts, in the order they run and are reported
+
+R = TypeVar("R", bound=PartResults)  # a keyed part's typed results
 
 TEXT_BUDGET_MINUTES = 11.0  # the natural-text part's budget in the main job (the study alone: 20)
 
@@ -153,30 +156,43 @@ class MainPart:
     ``ReproduceConfig`` and a name in ``PARTS``), ``start(its config, out) -> run``, which
     checks and prepares what the part reads before any part trains and returns
     ``run(results)``, which trains the part and records its results in the job's
-    ``results``; ``results_of(results)``: its results there (None where it did not run);
-    ``judge(its results)``, which judges its claims anew in place; and ``section``, its
-    "Part N" lines in the report (None for natural text, whose results are the body of
-    the report: its setup, claims and plots)."""
+    ``results`` (the dict ``results.json`` holds); ``rejudge(results)``, which judges its
+    claims there anew by the current rules (nothing where it did not run); and
+    ``section``, its "Part N" lines in the report from its results there (None for
+    natural text, whose results are the body of the report: its setup, claims and
+    plots)."""
 
     key: str
     start: Callable[[Any, Path], Callable[[dict[str, Any]], None]]
-    results_of: Callable[[dict[str, Any]], dict[str, Any] | None]
-    judge: Callable[[dict[str, Any]], Any]
+    rejudge: Callable[[dict[str, Any]], None]
     section: Part | None = None
 
 
-def keyed_part(key: str, run: Callable[[Any, Path], dict[str, Any]], judge: Callable[[dict[str, Any]], Any],
-               section: Part) -> MainPart:
-    """A part whose results sit under ``key`` in ``results.json``: ``run(its config, out)``
-    returns them (with the minutes it took, where it does not say)."""
+def keyed_part(key: str, kind: type[R], run: Callable[[Any, Path], R], judge: Callable[[R], R],
+               section: Callable[[R, Path, str], list[str]]) -> MainPart:
+    """A part whose results sit under ``key`` in ``results.json``, typed as ``kind`` (a
+    :class:`PartResults` with a ``minutes`` field): ``run(its config, out)`` returns them
+    (with the minutes it took, where it does not say), ``judge(them)`` returns them judged
+    anew and ``section(them, out, heading)`` writes their report lines. They become a dict
+    (``kind.to_dict``) only where they are recorded in the job's results, and are read back
+    from there (``kind.from_dict``) to be judged or reported."""
     def start(cfg: Any, out: Path) -> Callable[[dict[str, Any]], None]:
         def run_part(results: dict[str, Any]) -> None:
             started = time.time()
-            results[key] = run(cfg, out)
-            results[key].setdefault("minutes", (time.time() - started) / 60)
+            found = run(cfg, out)
+            if found.minutes is None:  # type: ignore[attr-defined]  # every keyed part's results have minutes
+                found = found.replace(minutes=(time.time() - started) / 60)
+            results[key] = found.to_dict()
         return run_part
 
-    return MainPart(key, start, lambda results: results.get(key) or None, judge, section)
+    def rejudge(results: dict[str, Any]) -> None:
+        if results.get(key):
+            results[key] = judge(kind.from_dict(results[key])).to_dict()
+
+    def written(found: dict[str, Any], out: Path, heading: str) -> list[str]:
+        return section(kind.from_dict(found), out, heading)
+
+    return MainPart(key, start, rejudge, written)
 
 
 def reproduce(study: str, out: Path, parts: Sequence[tuple[MainPart, Any]], command: str, *,
@@ -213,9 +229,7 @@ def rejudge(results: dict[str, Any], parts: Sequence[MainPart]) -> dict[str, Any
     """``results`` with the claims of each of ``parts`` it holds judged anew by the
     current rules, in order (for ``--report-only`` as for a run)."""
     for part in parts:
-        found = part.results_of(results)
-        if found is not None:
-            part.judge(found)
+        part.rejudge(results)
     return results
 
 

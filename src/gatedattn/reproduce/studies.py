@@ -29,9 +29,11 @@ from gatedattn.reproduce.main_job import PARTS, MainPart, ReproduceConfig, keyed
 from gatedattn.reproduce.mechanism import calibration as mechanism_calibration, config as mechanism_config
 from gatedattn.reproduce.mechanism.claims import judge_depths
 from gatedattn.reproduce.mechanism.report import mechanism_part, write_mechanism_report
+from gatedattn.reproduce.mechanism.results import MechanismResults
 from gatedattn.reproduce.mechanism.run import run_part as run_mechanism_part, run_study as run_mechanism
 from gatedattn.reproduce.pretrained import config as pretrained_config
 from gatedattn.reproduce.pretrained.report import pretrained_part
+from gatedattn.reproduce.pretrained.results import PretrainedResults
 from gatedattn.reproduce.pretrained import study as pretrained_study
 from gatedattn.reproduce.pretrained.study import NAME as PRETRAINED, rewrite_pretrained_report, run_pretrained
 from gatedattn.reproduce.registry import Section, Study
@@ -45,15 +47,18 @@ def _fold_sections() -> dict[str, Section]:
 
 
 def _judge_text(results: dict[str, Any]) -> None:
-    results["claims"] = judge_all(results)
+    """The natural-text claims judged anew where the job trained it (its results are the
+    body of ``results.json``)."""
+    if results.get("variants"):
+        results["claims"] = judge_all(results)
 
 
 # the main job's parts, each declared once; ``main_job.PARTS`` orders them
 MAIN_PARTS: dict[str, MainPart] = {p.key: p for p in (
-    keyed_part(mechanism_config.NAME, run_mechanism_part, judge_depths, mechanism_part),
-    keyed_part(PRETRAINED, pretrained_study.run_part, pretrained_study.judge_part, pretrained_part),
-    MainPart(text_config.NAME, start_text_part, lambda results: results if results.get("variants") else None,
-             _judge_text),
+    keyed_part(mechanism_config.NAME, MechanismResults, run_mechanism_part, judge_depths, mechanism_part),
+    keyed_part(PRETRAINED, PretrainedResults, pretrained_study.run_part, pretrained_study.judge_part,
+               pretrained_part),
+    MainPart(text_config.NAME, start_text_part, _judge_text),
 )}
 
 
@@ -74,7 +79,11 @@ def _text_report(results: dict[str, Any], out: Path) -> Path:
 
 
 def _mechanism_report(results: dict[str, Any], out: Path) -> Path:
-    return write_mechanism_report(judge_depths(results), out)
+    """The mechanism study's report written again, its claims judged anew; ``results``
+    (what ``--report-only`` writes back) takes the claims as judged now."""
+    judged = judge_depths(MechanismResults.from_dict(results))
+    results.update(judged.to_dict())
+    return write_mechanism_report(judged, out)
 
 
 STUDIES: dict[str, Study] = {s.name: s for s in (

@@ -12,6 +12,8 @@ step).
   of the main job (``run_part``);
 - :mod:`.probe`: what a model does on the task, by query class (trigger, ordinary);
 - :mod:`.summary`: the results per depth and variant from the runs' records;
+- :mod:`.results`: ``MechanismResults``, the study's results as a frozen dataclass (a dict
+  only in ``results.json``);
 - :mod:`.claims`: the claims and their rules, judged per depth;
 - :mod:`.report`: the study's report, alone and as a part of the main job;
 - :mod:`.calibration`: ``--study calibrate-mechanism``, which recipe grows the full sink.

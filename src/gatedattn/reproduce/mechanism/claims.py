@@ -3,11 +3,12 @@ Bigram-Backcopy, each with its rule, judged per depth from the summaries."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from gatedattn import paper as P
 from gatedattn.infra.fmt import fmt_mean_std as _fmt
 from gatedattn.reproduce.mechanism.config import GATED
+from gatedattn.reproduce.mechanism.results import MechanismResults
 from gatedattn.reproduce.verdicts import (
     HELD, NOT_HELD, NOT_MEASURABLE, Claim, Verdict, compare, compare_metrics, uniform_first_token_attention,
 )
@@ -215,9 +216,10 @@ def judge_mechanism(results: dict) -> list[dict[str, str]]:
     return rows
 
 
-def judge_depths(results: dict[str, Any]) -> dict[str, Any]:
+def judge_depths(results: MechanismResults) -> MechanismResults:
     """A mechanism study's ``results`` with each depth's claims judged anew by the
     current rules (a report written again from results.json)."""
-    for block in results.get("depths", {}).values():
-        block["claims"] = judge_mechanism({"summary": block["summary"], "config": {"seq_len": results["config"]["seq_len"]}})
-    return results
+    view = {"seq_len": results.config["seq_len"]}
+    return results.replace(depths={depth: {**block, "claims": judge_mechanism({"summary": block["summary"],
+                                                                                "config": view})}
+                                   for depth, block in results.depths.items()})

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from gatedattn.analysis import plots
 from gatedattn.analysis.registry import MECHANISM_METRICS, columns
+from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.fmt import fmt_cell
 from gatedattn.infra.io import atomic_write_text
 from gatedattn.reproduce.mechanism.claims import DRAIN, PEAK, REMOVAL_RATIO, SINK_SHARE, SINKING
 from gatedattn.reproduce.mechanism.config import SINKS, MechanismConfig
+from gatedattn.reproduce.mechanism.results import MechanismResults
 
 COLUMNS = columns(MECHANISM_METRICS)
 
@@ -25,11 +27,11 @@ def _seed_curves(runs: list[dict], key: str) -> list[dict[str, list[float]]]:
     return out
 
 
-def make_plots(results: dict, out: Path) -> dict[str, str]:
+def make_plots(results: MechanismResults, out: Path) -> dict[str, str]:
     """Per depth: BOS attention by query class over training (baseline vs the gated and sink
     variants) and the gate score by class over training; returns {name: file name}."""
     made: dict[str, str] = {}
-    for depth, block in results["depths"].items():
+    for depth, block in results.depths.items():
         runs = block["runs"]
         figures = (
             (f"bos_attention_L{depth}", "bos_attn", ("ordinary", "trigger"),
@@ -104,10 +106,10 @@ def _depth_lines(depth: str, block: dict, cfg: dict, made: dict[str, str], headi
     return lines
 
 
-def missing_variants(results: dict) -> list[str]:
+def missing_variants(results: MechanismResults) -> list[str]:
     """The study's default first-depth variants these results do not hold (results
     written before the study trained them)."""
-    first = results.get("depths", {}).get(str(results["config"]["depths"][0]), {})
+    first = results.depths.get(str(results.config["depths"][0]), {})
     have = set(first.get("runs", {}))
     return [v for v in MechanismConfig().variants if v not in have]
 
@@ -123,10 +125,10 @@ def _summary_table(summary: dict[str, dict], cfg: dict, seeds: int) -> list[str]
                         f"bigram rows) is {fmt_cell(floor, 3)}; the copy loss can reach 0.", ""]
 
 
-def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool = True) -> list[str]:
+def mechanism_section(results: MechanismResults, out: Path, heading: str = "##", title: bool = True) -> list[str]:
     """Markdown lines of the study's results (writes its plots into ``out``)."""
     made = make_plots(results, out)
-    task, cfg = results["task"], results["config"]
+    task, cfg = results.task, results.config
     lines = [f"{heading} Bigram-Backcopy: the sink's mechanism", ""] if title else []
     lines += [
         f"Task: {task['description']}. {100 * (task['trigger_fraction'] or 0):.0f} % of query positions are "
@@ -140,7 +142,7 @@ def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool
                   f"trains by default), so {'its claims are' if len(missing) == 1 else 'their claims are'} not "
                   f"judged here; a run of the study with {'it' if len(missing) == 1 else 'them'} (finished runs "
                   f"are reused) judges them.", ""]
-    for depth, block in results["depths"].items():
+    for depth, block in results.depths.items():
         lines += _depth_lines(depth, block, cfg, made, heading)
     lines += [
         "*Legend.* BOS attn: attention probability on BOS, averaged over heads (at the layer named above where a "
@@ -166,14 +168,16 @@ def mechanism_section(results: dict, out: Path, heading: str = "##", title: bool
     return lines
 
 
-def _all_runs(results: dict) -> list[dict]:
-    return [r for block in results["depths"].values() for runs in block["runs"].values() for r in runs]
+def _all_runs(results: MechanismResults) -> list[dict]:
+    return [r for block in results.depths.values() for runs in block["runs"].values() for r in runs]
 
 
-def write_mechanism_report(results: dict, out: str | Path) -> Path:
+def write_mechanism_report(results: MechanismResults, out: str | Path) -> Path:
     """``report.md`` of a mechanism study alone, with its plots."""
     out = Path(out)
-    cfg, meta = results["config"], results["meta"]
+    cfg, meta = results.config, results.meta
+    if meta is None:
+        raise ConfigError("the mechanism part's results hold no 'meta': the study alone records its command there")
     lines = ["# gatedattn mechanism study: attention sinks at toy scale", "",
              "Models with one attention head (no q/k norm) learn the Bigram-Backcopy task (Guo et al. 2024, "
              "arXiv 2410.13835): a softmax head that must copy on trigger positions has nothing useful to do "
@@ -186,7 +190,7 @@ def write_mechanism_report(results: dict, out: str | Path) -> Path:
              f"| software | python {meta['python']}, torch {meta['torch']}, gatedattn {meta['gatedattn']} "
              f"({meta['code_version']}) |",
              f"| date | {meta['started']} · this invocation {meta['duration_min']:.1f} min; the {len(_all_runs(results))} "
-             f"runs took {results['run_minutes']:.1f} min summed ({cfg['workers']} at a time; finished runs are reused) |",
+             f"runs took {results.run_minutes:.1f} min summed ({cfg['workers']} at a time; finished runs are reused) |",
              f"| recipe | {MechanismConfig.from_dict(cfg).describe()}; fp32, seeds 0..{cfg['seeds'] - 1} |",
              f"| depths | {', '.join(map(str, cfg['depths']))} (deeper ones: {', '.join(cfg['deep_variants']) or 'none'}"
              f"{_deep_seeds(cfg)}) |",
@@ -205,11 +209,13 @@ def _deep_seeds(cfg: dict) -> str:
     return f", {min(cfg.get('deep_seeds', cfg['seeds']), cfg['seeds'])} seeds"
 
 
-def mechanism_part(mech: dict, out: Path, heading: str) -> list[str]:
+def mechanism_part(mech: MechanismResults, out: Path, heading: str) -> list[str]:
     """The mechanism study as a part of the main job (``heading``: "## Part N:"): its
     claims, tables and plots."""
-    recipe = MechanismConfig.from_dict(mech["config"]).describe()
-    lines = [f"{heading} the attention sink and its removal, on a task built to show it ({mech['minutes']:.1f} min)", "",
+    if mech.minutes is None:
+        raise ConfigError("the mechanism part's results hold no 'minutes': the main job records the part's there")
+    recipe = MechanismConfig.from_dict(mech.config).describe()
+    lines = [f"{heading} the attention sink and its removal, on a task built to show it ({mech.minutes:.1f} min)", "",
              "One-head models learn the Bigram-Backcopy task (Guo et al. 2024): on *trigger* characters the next "
              "token copies the one before the trigger; everywhere else it is a bigram draw, so an ordinary "
              "position has nothing to attend to. A softmax head that must copy on triggers parks the other "

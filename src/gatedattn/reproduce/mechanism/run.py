@@ -22,6 +22,7 @@ from gatedattn.reproduce.batch import Record, Run, check_interrupted, run_batch
 from gatedattn.reproduce.mechanism.config import MODEL_INIT_STD, NAME, SINKS, TOY_MLP_RATIO, POSITIONS, MechanismConfig
 from gatedattn.reproduce.mechanism.probe import measure
 from gatedattn.reproduce.mechanism.report import write_mechanism_report
+from gatedattn.reproduce.mechanism.results import MechanismResults
 from gatedattn.reproduce.mechanism.summary import build_results
 from gatedattn.train import ModelRecipe, TrainConfig, train
 
@@ -147,21 +148,19 @@ def ensure_task_data(cfg: MechanismConfig, out: Path) -> Path:
     return data_dir
 
 
-def run_results(cfg: MechanismConfig) -> dict[str, Any]:
+def run_results(cfg: MechanismConfig) -> MechanismResults:
     """Train (or reuse) every run of ``cfg`` in ``cfg.out_dir``; the study's results (the
     summaries per depth and variant, judged)."""
     return build_results(cfg, cfg.task(), train_runs(cfg, Path(cfg.out_dir)))
 
 
-def run_part(cfg: MechanismConfig, out: Path) -> dict[str, Any]:
+def run_part(cfg: MechanismConfig, out: Path) -> MechanismResults:
     """The study as a part of the main job, in ``out/mechanism`` (its runs are reused by a
     second call); its results, with the wall time it took."""
     started = time.time()
     cfg = cfg.replace(out_dir=str(out / "mechanism"), progress=True)
     say("reproduce", f"the mechanism study ({len(cfg.plan())} runs of {cfg.steps} steps, {cfg.workers} at a time)")
-    results = run_results(cfg)
-    results["minutes"] = (time.time() - started) / 60
-    return results
+    return run_results(cfg).replace(minutes=(time.time() - started) / 60)
 
 
 def train_runs(cfg: MechanismConfig, out: Path) -> list[dict[str, Any]]:
@@ -205,6 +204,6 @@ def run_study(cfg: MechanismConfig, command: str | None = None) -> Path:
     """Run every training of ``cfg``, judge the claims, write the report; returns report.md."""
     started = time.time()
     results = run_results(cfg)
-    results["meta"] = run_meta(command or MechanismConfig.command(), started)
-    atomic_write_json(Path(cfg.out_dir) / "results.json", json_safe(results))
+    results = results.replace(meta=run_meta(command or MechanismConfig.command(), started))
+    atomic_write_json(Path(cfg.out_dir) / "results.json", json_safe(results.to_dict()))
     return write_mechanism_report(results, cfg.out_dir)

@@ -10,6 +10,7 @@ from gatedattn.analysis.registry import MECHANISM_METRICS, keys
 from gatedattn.data.backcopy import BigramBackcopy
 from gatedattn.reproduce.mechanism.claims import judge_mechanism
 from gatedattn.reproduce.mechanism.config import MechanismConfig
+from gatedattn.reproduce.mechanism.results import MechanismResults
 from gatedattn.reproduce.verdicts import uniform_first_token_attention
 
 SUMMARY_KEYS = keys(MECHANISM_METRICS)
@@ -32,23 +33,23 @@ def depth_block(cfg: MechanismConfig, records: list[dict[str, Any]]) -> dict[str
             "runs": {v: [{k: r[k] for k in RUN_FIELDS} for r in runs] for v, runs in by_variant.items()}}
 
 
-def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict[str, Any]]) -> dict[str, Any]:
+def build_results(cfg: MechanismConfig, task: BigramBackcopy, records: list[dict[str, Any]]) -> MechanismResults:
     """Summaries per depth and variant (mean, std, per-seed values) and the claims."""
     n_after_bos = cfg.seq_len - 1
     depths = {str(depth): depth_block(cfg, [r for r in records if r["depth"] == depth]) for depth in cfg.depths}
     first = records[0]["final"] if records else {}
-    return {
-        "study": "mechanism",
-        "config": cfg.to_dict(),
-        "task": {"description": task.describe(), "chars": list(task.chars),
-                 "triggers": [task.chars[t] for t in task.triggers], "fingerprint": task.fingerprint(),
-                 "trigger_fraction": first.get("trigger_fraction"),
-                 "uniform_f_attn": uniform_first_token_attention(n_after_bos),
-                 "uniform_bos_attn_ordinary": first.get("uniform_bos_attn_ordinary"),
-                 "uniform_bos_attn_trigger": first.get("uniform_bos_attn_trigger")},
-        "depths": depths,
-        "run_minutes": sum(r["wall_seconds"] for r in records) / 60,
-    }
+    return MechanismResults(
+        study="mechanism",
+        config=cfg.to_dict(),
+        task={"description": task.describe(), "chars": list(task.chars),
+              "triggers": [task.chars[t] for t in task.triggers], "fingerprint": task.fingerprint(),
+              "trigger_fraction": first.get("trigger_fraction"),
+              "uniform_f_attn": uniform_first_token_attention(n_after_bos),
+              "uniform_bos_attn_ordinary": first.get("uniform_bos_attn_ordinary"),
+              "uniform_bos_attn_trigger": first.get("uniform_bos_attn_trigger")},
+        depths=depths,
+        run_minutes=sum(r["wall_seconds"] for r in records) / 60,
+    )
 
 
 def strongest_layer(baseline_runs: list[dict[str, Any]]) -> int | None:

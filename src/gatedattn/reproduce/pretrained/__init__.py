@@ -16,6 +16,7 @@ attention sink is for, with its weights frozen:
    dropped, and kept), so that adaptation to the text is not read as recovery;
 4. **streaming**: per-position loss over a long text with the trained sink.
 
-:mod:`.config` holds the study's config, :mod:`.text` its text windows, :mod:`.claims` its
-verdicts and :mod:`.report` its report section.
+:mod:`.config` holds the study's config, :mod:`.text` its text windows, :mod:`.results` its
+results (``PretrainedResults``, a dict only in ``results.json``), :mod:`.claims` its verdicts
+and :mod:`.report` its report section.
 """

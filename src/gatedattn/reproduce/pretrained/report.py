@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, Mapping
 
 from gatedattn.infra.io import atomic_write_text
 from gatedattn.reproduce.verdicts import uniform_first_token_attention
 from gatedattn.reproduce.pretrained import claims as C
 from gatedattn.reproduce.pretrained.arms import ARM_SPECS
 from gatedattn.reproduce.pretrained.plots import make_plots
+from gatedattn.reproduce.pretrained.results import PretrainedResults
 from gatedattn.reproduce.study_report import provenance_table
 
 CAPTIONS = {
@@ -201,37 +203,38 @@ def _continued_lines(r: dict) -> list[str]:
     return lines + [""]
 
 
-def pretrained_section(r: dict, out: Path, heading: str = "##", title: str | None = None,
+def pretrained_section(part: PretrainedResults, out: Path, heading: str = "##", title: str | None = None,
                        prefix: str | None = None) -> list[str]:
     """The study's lines (claims, tables, plots) for a report in ``out``; writes its plots
-    there. ``prefix`` replaces the heading's marks (a part of the main job: "## Part 2:")."""
+    there. ``prefix`` replaces the heading's marks (a part of the main job: "## Part 2:").
+    The claims, tables and plots read the results as ``results.json`` holds them."""
+    r = part.to_dict()
     made = make_plots(r, out)
     rows = C.judge(r)
     title = title or "a real pretrained language model, frozen"
-    lines = [f"{prefix or heading} {title} ({r['minutes']:.1f} min)", "",
+    lines = [f"{prefix or heading} {title} ({part.minutes:.1f} min)", "",
              "What the papers say the attention sink is for, tested on a pretrained model with its weights frozen: "
              "is the first position a sink, is it needed, and can a learnable sink or an output gate take its job? "
-             f"Text: the bundled corpus ({r['text']}), training windows from its training documents, every "
+             f"Text: the bundled corpus ({part.text}), training windows from its training documents, every "
              "measurement on its validation documents, tokenized with the model's own tokenizer.", "",
              "| source | claim | this run | verdict |", "|---|---|---|---|"]
     lines += [f"| {c['source']} | {c['claim']} | {c['measured']} | **{c['verdict']}** |" for c in rows]
     lines += ["", f"{heading}# The sink as it is", "", *_sink_lines(r), f"{heading}# The first token as a no-op", "",
               *_noop_lines(r)]
-    if r.get("arms"):
+    if part.arms:
         lines += [f"{heading}# Who can take its job", "", *_arm_lines(r)]
-    if r.get("streaming"):
+    if part.streaming:
         lines += [f"{heading}# Streaming", "", *_streaming_lines(r)]
-    if r.get("continued"):
+    if part.continued:
         lines += [f"{heading}# A gate retrofitted during continued pretraining (App. A.7)", "", *_continued_lines(r)]
     for name, file in made.items():
         lines += [f"![{name}]({file})", "", f"*{CAPTIONS[name]}*", ""]
     return lines
 
 
-def write_pretrained_report(results: dict, out: str | Path) -> Path:
-    """``report.md`` of the study run alone."""
+def write_pretrained_report(part: PretrainedResults, meta: Mapping[str, Any], out: str | Path) -> Path:
+    """``report.md`` of the study run alone (``meta``: its command, machine, software and date)."""
     out = Path(out)
-    part, meta = results["pretrained"], results["meta"]
     lines = ["# gatedattn: attention sinks in a real pretrained language model", "", *provenance_table(meta)]
     lines += pretrained_section(part, out, title="Results")
     lines += ["## Reproduce", "", "```bash", meta["command"], "```", "",
@@ -239,6 +242,6 @@ def write_pretrained_report(results: dict, out: str | Path) -> Path:
     return atomic_write_text(out / "report.md", "\n".join(lines))
 
 
-def pretrained_part(part: dict, out: Path, heading: str) -> list[str]:
+def pretrained_part(part: PretrainedResults, out: Path, heading: str) -> list[str]:
     """The study as a part of the main job (``heading``: "## Part N:")."""
     return pretrained_section(part, out, heading="##", title=None, prefix=heading)

@@ -34,6 +34,7 @@ from gatedattn.reproduce.pretrained.masked import DROPPED, KEPT, window_losses
 from gatedattn.reproduce.pretrained.measure import gap, noop_curve, noop_point, sink_figures, streaming_curves, streaming_late
 from gatedattn.reproduce.pretrained.recovery import arm_summary, credit_old_results, order_stat
 from gatedattn.reproduce.pretrained.report import write_pretrained_report
+from gatedattn.reproduce.pretrained.results import PretrainedResults
 from gatedattn.reproduce.pretrained.text import study_text
 
 NAME = "pretrained"
@@ -195,7 +196,7 @@ def _arm_runs(cfg: PretrainedConfig, stages: Stages, shared: Callable[[], ArmRun
     return runs
 
 
-def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
+def pretrained_part(cfg: PretrainedConfig, out: Path) -> PretrainedResults:
     """The whole study into ``out``; its results (what ``results.json`` holds under the
     study's name). ``minutes``: the model's load and every stage, as they were measured
     when they ran (a second call reuses them)."""
@@ -213,19 +214,17 @@ def pretrained_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
     curve = stages.get("noop", "noop", lambda: noop_curve(inp.model, inp.evals, cfg.windows))
     _say(cfg, "no-op curve: " + ", ".join(f"W {p['window'] or 'full'} gap {p['gap']:+.3f}" for p in curve))
     window, why = (cfg.window, "as configured") if cfg.window else choose_window(curve, cfg.min_gap)
-    results: dict[str, Any] = {"config": cfg.to_dict(), "model": info, "text": source,
-                               "sink": sink, "noop": curve, "window": window, "window_why": why}
+    plain = None
     if info["first_token"]["mode"] != "none":  # the same with no special first token (else: the curve above)
-        results["noop_plain"] = stages.get("noop_plain", "noop_plain", lambda: [
+        plain = stages.get("noop_plain", "noop_plain", lambda: [
             noop_point(inp.model, inp.windows("val", cfg.eval_windows, 1, plain=True), w)
             for w in (0, *([window] if window else []))])
-    if window is not None:
-        _arms_part(cfg, stages, inp, results)
-    if cfg.continued_steps:
-        results["continued"] = _continued(cfg, stages, inp)
-    results["stage_seconds"] = stages.seconds()
-    results["minutes"] = sum(results["stage_seconds"].values()) / 60
-    return results
+    arms = _arms_part(cfg, stages, inp, window, sink, curve) if window is not None else {}
+    continued = _continued(cfg, stages, inp) if cfg.continued_steps else None
+    seconds = stages.seconds()
+    return PretrainedResults(config=cfg.to_dict(), model=info, text=source, sink=sink, noop=curve, window=window,
+                             window_why=why, noop_plain=plain, **arms, continued=continued, stage_seconds=seconds,
+                             minutes=sum(seconds.values()) / 60)
 
 
 def _continued(cfg: PretrainedConfig, stages: Stages, inp: _Inputs) -> dict[str, Any]:
@@ -258,14 +257,13 @@ def _continued(cfg: PretrainedConfig, stages: Stages, inp: _Inputs) -> dict[str,
     return out
 
 
-def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dict[str, Any]) -> None:
-    """The arms, the per-head figures and the streaming curves, into ``results``."""
-    window = results["window"]
-    start = start_layer(results["sink"]["f_attn_per_layer"], cfg.sink_layers_eps)
-    results["start_layer"] = start
+def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, window: int, sink: dict[str, Any],
+               curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """The arms at ``window``, the per-head figures and the streaming curves: the
+    :class:`PretrainedResults` fields they fill, by name."""
+    start = start_layer(sink["f_attn_per_layer"], cfg.sink_layers_eps)
     logits = stages.get("first_logits", "noop_plain", lambda: [
         t.tolist() for t in first_token_logits(inp.model, inp.evals[:HEAD_WINDOWS, :-1], window)])
-    results["first_logits"] = logits
 
     @functools.cache
     def shared() -> ArmRunner:
@@ -274,26 +272,26 @@ def _arms_part(cfg: PretrainedConfig, stages: Stages, inp: _Inputs, results: dic
                      window, logits, inp.text.long_window(cfg.streaming_len))
 
     # the untouched model on the held-out windows at W: the no-op curve's point, where it has one
-    point = next((p for p in results["noop"] if p["window"] == window), None)
+    point = next((p for p in curve if p["window"] == window), None)
     untouched = point if point is not None else stages.get(
         "untouched", "noop_plain", lambda: gap(*(shared().eval_loss(inp.model, m) for m in (KEPT, DROPPED))),
         start=start)
     heads = stages.get("untouched_heads", "noop_plain", lambda: head_stats(inp.model, inp.evals[:HEAD_WINDOWS, :-1],
                                                                            window, KEPT))
-    results["untouched"] = {**untouched, "heads": heads}
-    results["arms"] = {}
+    arms = {}
     precision = arm_precision(cfg.dtype)
-    results["arm_precision"] = {**precision.as_dict(), "looks": precision.dtype}  # the looks run in the steps' dtype
     for name in cfg.arms:
         runs = _arm_runs(cfg, stages, shared, name)
-        results["arms"][name] = {"what": ARM_SPECS[name].what, "params": runs[0][DROPPED]["params"], "runs": runs,
-                                 **arm_summary(name, runs, untouched, heads["first"], start, cfg.kept_tol)}
+        arms[name] = {"what": ARM_SPECS[name].what, "params": runs[0][DROPPED]["params"], "runs": runs,
+                      **arm_summary(name, runs, untouched, heads["first"], start, cfg.kept_tol)}
     streaming = stages.get("streaming", "streaming",
                            lambda: streaming_curves(inp.model, inp.text.long_window(cfg.streaming_len), window))
     streaming = {**streaming, "curves": {**streaming["curves"], **{
-        name: a["runs"][0]["streaming"] for name, a in results["arms"].items() if "streaming" in a["runs"][0]}}}
+        name: a["runs"][0]["streaming"] for name, a in arms.items() if "streaming" in a["runs"][0]}}}
     streaming["late_mean"] = streaming_late(streaming)
-    results["streaming"] = streaming
+    return {"start_layer": start, "first_logits": logits, "untouched": {**untouched, "heads": heads}, "arms": arms,
+            "arm_precision": {**precision.as_dict(), "looks": precision.dtype},  # the looks run in the steps' dtype
+            "streaming": streaming}
 
 
 def run_pretrained(cfg: PretrainedConfig, command: str | None = None) -> Path:
@@ -302,27 +300,31 @@ def run_pretrained(cfg: PretrainedConfig, command: str | None = None) -> Path:
     started = time.time()
     out = Path(cfg.out_dir)
     part = judge_part(pretrained_part(cfg, out))
-    results = {"study": NAME, NAME: part, "meta": run_meta(command or f"gatedattn reproduce --study {NAME}", started)}
-    atomic_write_json(out / "results.json", json_safe(results))
-    return write_pretrained_report(results, out)
+    meta = run_meta(command or f"gatedattn reproduce --study {NAME}", started)
+    atomic_write_json(out / "results.json", json_safe({"study": NAME, NAME: part.to_dict(), "meta": meta}))
+    return write_pretrained_report(part, meta, out)
 
 
 def rewrite_pretrained_report(results: dict[str, Any], out: Path) -> Path:
-    """``--report-only``: the claims judged anew, the report and plots written again."""
-    judge_part(results[NAME])
-    return write_pretrained_report(results, out)
+    """``--report-only``: the claims judged anew (``results``, which ``--report-only``
+    writes back, takes them), the report and plots written again."""
+    part = judge_part(PretrainedResults.from_dict(results[NAME]))
+    results[NAME] = part.to_dict()
+    return write_pretrained_report(part, results["meta"], out)
 
 
-def judge_part(part: dict[str, Any]) -> dict[str, Any]:
+def judge_part(part: PretrainedResults) -> PretrainedResults:
     """The study's results with its claims judged (anew) by the current rules. Results
     written before the credit rule get it applied, with the default tolerance, to the
-    held-out losses they kept, so that no old report credits a paired figure alone."""
-    credit_old_results(part, PretrainedConfig().kept_tol)
-    part["claims"] = claims.judge(part)
-    return part
+    held-out losses they kept, so that no old report credits a paired figure alone. The
+    rules read the results as ``results.json`` holds them."""
+    recorded = {**part.to_dict(), "config": dict(part.config),  # credit_old_results records in these copies
+                **({"arms": {name: dict(a) for name, a in part.arms.items()}} if part.arms is not None else {})}
+    credit_old_results(recorded, PretrainedConfig().kept_tol)
+    return part.replace(config=recorded["config"], arms=recorded.get("arms"), claims=claims.judge(recorded))
 
 
-def run_part(cfg: PretrainedConfig, out: Path) -> dict[str, Any]:
+def run_part(cfg: PretrainedConfig, out: Path) -> PretrainedResults:
     """The study as a part of the main job, in ``out/pretrained`` (finished stages are
     reused by a second call); its results, judged."""
     return judge_part(pretrained_part(cfg.replace(out_dir=str(out / NAME)), out / NAME))
