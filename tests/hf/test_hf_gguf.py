@@ -275,6 +275,18 @@ def test_a_files_metadata_and_tokenizer_are_read_once_and_anew_when_it_changes(t
     assert load_model(path).cfg.n_layers == model.cfg.n_layers + 1 and reads.count(False) == 2
 
 
+def test_a_gguf_model_holds_its_dequantized_tensors_once(tmp_path, monkeypatch):
+    """The weights are the dequantized tensors themselves: no model is allocated first and
+    then overwritten (two copies of every weight at the peak)."""
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"))
+    dequantized = {}
+    real = hf_gguf._hf_tensors
+    monkeypatch.setattr(hf_gguf, "_hf_tensors", lambda *a: dequantized.update(real(*a)) or dequantized)
+    model = load_model(path)
+    storages = {t.untyped_storage().data_ptr() for t in dequantized.values()}
+    assert storages and {p.untyped_storage().data_ptr() for p in model.parameters()} <= storages
+
+
 def test_a_files_tokenizer_is_built_once_per_machine_and_read_back_from_the_cache(tmp_path, monkeypatch):
     from transformers import modeling_gguf_pytorch_utils as transformers_gguf_utils
 

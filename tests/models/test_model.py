@@ -229,3 +229,31 @@ def test_forward_with_targets_runs_the_head_a_hook_or_adapter_watches():
         model(ids, targets=targets[:, :-1])
     with pytest.raises(GatedAttnError, match="targets must be integer token ids"):
         model(ids, targets=targets.float())
+
+
+@pytest.mark.parametrize("variant,tie", [("gated", True), ("hyga-sink", False)])
+def test_from_state_holds_the_given_tensors_themselves_and_matches_the_model(variant, tie):
+    torch.manual_seed(3)
+    source = micro(variant, tie_embeddings=tie)
+    state = {k: v.clone() for k, v in source.state_dict().items()}
+    state["embed.weight"] = state["embed.weight"].t().contiguous().t()  # a non-contiguous tensor is made contiguous
+    built = GatedLM.from_state(source.cfg, state, "weights")
+    assert all(not t.is_meta for t in [*built.parameters(), *built.buffers()])
+    kept = "blocks.0.attn.o_proj.weight" if "blocks.0.attn.o_proj.weight" in state else next(iter(state))
+    assert built.state_dict()[kept].data_ptr() == state[kept].data_ptr()  # not a copy
+    assert built.embed.weight.is_contiguous() and (built.lm_head.weight is built.embed.weight) == tie
+    for (name, mine), theirs in zip(built.named_buffers(), source.buffers()):
+        torch.testing.assert_close(mine, theirs, msg=name)  # the RoPE frequencies made anew
+    ids = torch.randint(0, 97, (2, 12))
+    torch.testing.assert_close(built.eval()(ids), source.eval()(ids), atol=0, rtol=0)
+    half = GatedLM.from_state(source.cfg, {k: v.half() for k, v in source.state_dict().items()}, "weights")
+    assert {p.dtype for p in half.parameters()} == {torch.float32}  # the model's own dtype, as a copy would give
+
+
+def test_from_state_refuses_a_missing_or_misshaped_tensor_naming_it():
+    source = micro()
+    state = source.state_dict()
+    with pytest.raises(GatedAttnError, match=r"^weights: tensor 'norm.weight' is missing"):
+        GatedLM.from_state(source.cfg, {k: v for k, v in state.items() if k != "norm.weight"}, "weights")
+    with pytest.raises(GatedAttnError, match=r"tensor 'norm.weight' has shape \(3,\)"):
+        GatedLM.from_state(source.cfg, {**state, "norm.weight": torch.ones(3)}, "weights")

@@ -42,7 +42,7 @@ from gatedattn.infra.cache import cache_root
 from gatedattn.infra.errors import GatedAttnError
 from gatedattn.infra.io import atomic_dir
 from gatedattn.infra.sizes import check_model_size
-from gatedattn.models.lm import GatedLM, check_state_dict
+from gatedattn.models.lm import GatedLM
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SUFFIX = ".gguf"
@@ -431,15 +431,13 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, device: str
     check_model_size(plan.cfg, source, device)
     names_model = _names_model(raw, plan, source)
     _check_all_mapped(header, raw, names_model)
-    model = GatedLM(plan.cfg)
-    expected = model.state_dict()
+    with torch.device("meta"):  # the shapes alone: the weights are the dequantized tensors, held once
+        expected = GatedLM(plan.cfg).state_dict()
     if plan.cfg.tie_embeddings:
         expected.pop("lm_head.weight")
     tensors = DictTensorSource(_hf_tensors(header, names_model), header.path)
-    state = read_hf_state(header.path, plan, expected, tensors)
-    check_state_dict(state, expected, header.path)
-    model.load_state_dict(state, strict=False)
-    model.eval()
+    model = GatedLM.from_state(plan.cfg, read_hf_state(header.path, plan, expected, tensors), header.path).eval()
+    del tensors
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 
 

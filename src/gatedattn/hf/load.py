@@ -39,7 +39,7 @@ from gatedattn.hf import importers
 from gatedattn.hf.checkpoint import read_config
 from gatedattn.hf.gguf import gguf_config, gguf_file_of, gguf_tokenizer, load_gguf, read_header
 from gatedattn.hf.importers import plan_for, read_hf_state
-from gatedattn.models.lm import GatedLM, ModelConfig, check_state_dict
+from gatedattn.models.lm import GatedLM, ModelConfig
 from gatedattn.infra.integrity import check_tokenizer, verify_dir
 from gatedattn.infra.io import recover_missing
 from gatedattn.infra.sizes import check_model_size
@@ -100,13 +100,11 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
     else:
         plan = importer.plan(raw, source)
         check_model_size(plan.cfg, source, device)
-        model = GatedLM(plan.cfg)
-        expected = model.state_dict()
+        with torch.device("meta"):  # the shapes alone: the weights are the tensors read, held once
+            expected = GatedLM(plan.cfg).state_dict()
         if plan.cfg.tie_embeddings:
             expected.pop("lm_head.weight")
-        state = read_hf_state(directory, plan, expected)
-        check_state_dict(state, expected, directory)
-        model.load_state_dict(state, strict=False)
+        model = GatedLM.from_state(plan.cfg, read_hf_state(directory, plan, expected), directory)
     model.eval()
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 

@@ -85,6 +85,11 @@ class Rotary(torch.nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.mscale = mscale
 
+    def make_buffers(self, device: torch.device | str = "cpu") -> None:
+        """The frequency buffer made anew on ``device`` (a module built on the meta device
+        holds none: it is computed, never loaded)."""
+        self.inv_freq = (rope_frequencies(self.cfg, self.rot_dim)[0] if self.rot_dim else torch.zeros(0)).to(device)
+
     def cos_sin(self, positions_BT: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions_BT, self.inv_freq, self.mscale, dtype)
 

@@ -37,7 +37,7 @@ from gatedattn.infra.integrity import (atomic_model_dir, record as record_checks
 from gatedattn.infra.io import atomic_write_json, read_json_object, recover_missing
 from gatedattn.layers.norm import RMSNorm
 from gatedattn.layers.packing import apply_linear, packed_linear
-from gatedattn.layers.rope import RopeTables
+from gatedattn.layers.rope import RopeTables, Rotary
 from gatedattn.infra.settings import build, check_options, option
 from gatedattn.infra.sizes import check_memory, check_model_limits, check_model_size, kv_cache_bytes_per_token
 from gatedattn.layers.variants import get_variant
@@ -252,6 +252,34 @@ class GatedLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters()
+
+    @classmethod
+    def from_state(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], source: Any) -> "GatedLM":
+        """The model of ``cfg`` whose weights are the tensors of ``state`` themselves, not
+        copies (a tensor in another dtype than the model's float32, or not contiguous, is
+        converted): it is built on the meta device, so the weights exist once in memory,
+        never twice. ``state`` must match the model's state dict exactly (names and shapes;
+        :func:`check_state_dict` names the first that does not, with ``source``); a tied LM
+        head may be left out. The buffers (RoPE frequencies) are made on the weights' device."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        expected = model.state_dict()
+        if cfg.tie_embeddings:
+            expected.pop("lm_head.weight")
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+        check_state_dict(state, expected, source)
+        model.load_state_dict({k: v.to(expected[k].dtype).contiguous() for k, v in state.items()}, strict=False,
+                              assign=True)
+        if cfg.tie_embeddings:
+            model.lm_head.weight = model.embed.weight
+        device = model.embed.weight.device
+        for module in model.modules():
+            if isinstance(module, Rotary):
+                module.make_buffers(device)
+        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if left:  # a tensor the model holds that is neither loaded nor made: never leave it unset
+            raise GatedAttnError(f"{source}: {left[0]!r} of the model is neither in the weights nor computed")
+        return model
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -565,13 +593,7 @@ class GatedLM(nn.Module):
         directory = Path(directory)
         map_location = check_map_location(map_location)
         cfg = load_model_config(directory)
-        model = cls(cfg)
-        state = read_weights(directory, map_location)
-        expected = model.state_dict()
-        if cfg.tie_embeddings:
-            expected.pop("lm_head.weight")
-        check_state_dict(state, expected, directory / WEIGHTS_FILE)
-        model.load_state_dict(state, strict=False)
+        model = cls.from_state(cfg, read_weights(directory, map_location), directory / WEIGHTS_FILE)
         return model.to(map_location)
 
 
