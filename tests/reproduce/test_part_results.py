@@ -1,5 +1,6 @@
-"""Each keyed part of the main job returns a frozen dataclass of its results, which becomes
-a dict only in ``results.json``: every committed results block reads back and writes again
+"""Each part of the main job returns a frozen dataclass of its results (the keyed parts'
+under their key, the natural-text part's at the top level), which becomes a dict only in
+``results.json``: every committed results block reads back and writes again
 unchanged (key order included), a block with a key the part does not write (or without one
 it always writes) is refused naming the key and the part, and the runners return the
 dataclass."""
@@ -21,6 +22,9 @@ from gatedattn.reproduce.pretrained import study as pretrained_study
 from gatedattn.reproduce.pretrained.config import PretrainedConfig
 from gatedattn.reproduce.pretrained.results import PretrainedResults
 from gatedattn.reproduce.studies import MAIN_PARTS
+from gatedattn.reproduce.text import run as text_run
+from gatedattn.reproduce.text.config import TextConfig
+from gatedattn.reproduce.text.results import TextResults
 
 DOCS = Path(__file__).parents[2] / "docs"
 
@@ -146,3 +150,86 @@ def test_the_pretrained_runner_returns_its_dataclass_judged_without_touching_wha
     assert unjudged.claims is None and "kept_tol" not in unjudged.config  # the results it judged are as they were
     assert not any("credited" in a for a in unjudged.arms.values())
     assert list(found.to_dict())[-1] == "claims"
+
+
+# the natural-text part: its keys sit at the top level of results.json, beside the job's own and the folded studies'
+TEXT_RESULTS = {name: results for name, results in _committed().items() if "variants" in results}
+NOT_TEXT = ("study", "config", "meta", "folded", "lr_study", "rank_sweep", "mechanism", "pretrained")
+
+
+def test_the_committed_results_with_a_text_part_are_found():
+    assert set(TEXT_RESULTS) == {"reproduction-extended"}
+
+
+@pytest.mark.parametrize("name", list(TEXT_RESULTS))
+def test_a_committed_text_part_reads_back_and_writes_again_unchanged(name):
+    results = TEXT_RESULTS[name]
+    picked = {k: v for k, v in results.items() if k in TextResults.keys()}
+    typed = TextResults.from_results(results)
+    again = typed.to_dict()
+    assert again == picked and json.dumps(again) == json.dumps(picked)  # the key order at every depth
+    assert TextResults.from_dict(again) == typed
+    whole = {k: (None if k in picked else v) for k, v in results.items()}  # the part's keys emptied where they stand
+    typed.merge_into(whole)
+    assert json.dumps(whole) == json.dumps(results)  # reassembled, the job's and folded keys still between
+
+
+@pytest.mark.parametrize("name", list(TEXT_RESULTS))
+def test_the_jobs_own_and_folded_keys_are_not_text_keys(name):
+    results = TEXT_RESULTS[name]
+    typed = TextResults.from_results(results)
+    assert not set(typed.to_dict()) & set(NOT_TEXT)
+    assert [k for k in results if k not in typed.to_dict()] == [k for k in results if k in NOT_TEXT]
+    with pytest.raises(ConfigError, match=r"the text part's results hold an unknown key 'config'"):
+        TextResults.from_dict(results)  # the whole results are not the part's
+
+
+def test_a_text_part_with_an_unknown_or_missing_key_is_refused_naming_it():
+    data = TextResults.from_results(TEXT_RESULTS["reproduction-extended"]).to_dict()
+    with pytest.raises(ConfigError, match=r"the text part's results hold an unknown key 'sink_size'"):
+        TextResults.from_dict({**data, "sink_size": 3})
+    with pytest.raises(ConfigError, match=r"the text part's results miss the key 'gate_cost'"):
+        TextResults.from_results({k: v for k, v in TEXT_RESULTS["reproduction-extended"].items() if k != "gate_cost"})
+    with pytest.raises(ConfigError, match=r"results hold 'step_time' as list; it must be an object"):
+        TextResults.from_dict({**data, "step_time": []})
+    with pytest.raises(ConfigError, match=r"the text part's results hold 'claims' as null"):
+        TextResults.from_dict({**data, "claims": None})
+    old = TextResults.from_dict({k: v for k, v in data.items() if k not in ("text_minutes", "step_mfu")})
+    assert old.text_minutes is None and list(old.to_dict()) == [k for k in data if k not in ("text_minutes", "step_mfu")]
+
+
+def test_the_text_part_is_judged_through_its_dataclass_in_place():
+    results = copy.deepcopy(TEXT_RESULTS["reproduction-extended"])
+    MAIN_PARTS["text"].rejudge(results)
+    assert json.dumps(results) == json.dumps(TEXT_RESULTS["reproduction-extended"])  # judged as committed, in place
+    del results["claims"]
+    MAIN_PARTS["text"].rejudge(results)
+    assert list(results)[-1] == "claims" and results["claims"] == TEXT_RESULTS["reproduction-extended"]["claims"]
+    del results["gate_cost"]
+    with pytest.raises(ConfigError, match=r"the text part's results miss the key 'gate_cost'"):
+        MAIN_PARTS["text"].rejudge(results)
+
+
+def test_the_text_runner_returns_its_dataclass_and_the_job_merges_its_keys_after_its_own(tmp_path, monkeypatch):
+    cfg = TextConfig.quick(variants=("baseline", "gated"), seeds=2)
+    runs = [{"tokens_per_s": 10.0, "final_loss": 2.0, "analysis": {"f_attn_per_layer": [0.1, 0.3 + s]}}
+            for s in (0.0, 0.1)]
+    monkeypatch.setattr(text_run, "open_data", lambda cfg: (tmp_path, None))
+    monkeypatch.setattr(text_run, "fit_plan", lambda cfg, data: (cfg, 5, 0.1, [], "eager"))
+    monkeypatch.setattr(text_run, "run_batch", lambda batch: copy.deepcopy(runs))
+    monkeypatch.setattr(text_run, "gate_costs", lambda cfg, data, variants: {v: {"gate_params": 0} for v in variants})
+    monkeypatch.setattr(text_run, "step_fn", lambda cfg, variant, data: lambda: None)
+    monkeypatch.setattr(text_run, "interleaved_times", lambda fns, **kw: {v: [0.1, 0.3, 0.2] for v in fns})
+    monkeypatch.setattr(text_run, "step_speed", lambda train_cfg, data, t: {"mfu": t})
+    monkeypatch.setattr(text_run, "text_meta", lambda cfg, data: {"data": "corpus"})
+    results: dict = {"study": "main", "config": {"out_dir": str(tmp_path)}, "lr_study": {}, "folded": []}
+    ran, found = text_run.text_part(cfg, tmp_path, None, tmp_path, dict(results))
+    assert type(found) is TextResults and found.strongest_layer == 1 and found.step_time == {"baseline": 0.2,
+                                                                                             "gated": 0.2}
+    assert found.claims is None and list(found.to_dict())[-1] == "step_mfu"
+    progress = json.loads((tmp_path / "results.json").read_text())  # written after each variant
+    assert list(progress) == ["study", "config", "lr_study", "folded", "variants", "summary"]
+    text_run.start_part(cfg, tmp_path)(results)
+    assert list(results) == ["study", "config", "lr_study", "folded", *found.to_dict(), "meta"]
+    assert results["config"]["steps"] == 5 and results["meta"] == {"data": "corpus"}
+    assert TextResults.from_results(results).summary == found.summary

@@ -39,6 +39,7 @@ from gatedattn.reproduce.pretrained.study import NAME as PRETRAINED, rewrite_pre
 from gatedattn.reproduce.registry import Section, Study
 from gatedattn.reproduce.report import write_report
 from gatedattn.reproduce.text import config as text_config
+from gatedattn.reproduce.text.results import TextResults
 from gatedattn.reproduce.text.run import start_part as start_text_part
 
 
@@ -47,10 +48,13 @@ def _fold_sections() -> dict[str, Section]:
 
 
 def _judge_text(results: dict[str, Any]) -> None:
-    """The natural-text claims judged anew where the job trained it (its results are the
-    body of ``results.json``)."""
+    """The natural-text claims judged anew where the job trained it: the part's results
+    (the body of ``results.json``) read through :class:`TextResults` and written back in
+    place with the claims. The claims read the whole results, since the claims of the
+    studies folded in (the lr and rank studies) are judged from their keys beside the
+    part's."""
     if results.get("variants"):
-        results["claims"] = judge_all(results)
+        TextResults.from_results(results).replace(claims=judge_all(results)).merge_into(results)
 
 
 # the main job's parts, each declared once; ``main_job.PARTS`` orders them

@@ -37,6 +37,7 @@ from gatedattn.models.lm import GatedLM
 from gatedattn.reproduce.batch import Record, Run, check_interrupted, run_batch
 from gatedattn.reproduce.text.config import TextConfig
 from gatedattn.reproduce.text.plan import fit_plan, step_fn
+from gatedattn.reproduce.text.results import TextResults
 from gatedattn.train import TrainConfig, train
 from gatedattn.train.metrics import SpeedMeter, read_records
 
@@ -231,46 +232,50 @@ def start_study(cfg: TextConfig) -> tuple[Path, Path, TokenData, dict[str, Any]]
     return out, data_dir, data, results
 
 
-def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path, results: dict[str, Any]) -> TextConfig:
-    """The natural-text study into ``results``: plan the steps (``fit_plan``), train and
-    analyse every variant and seed, then the layer where the baseline's sink is strongest,
-    each variant's gate cost and its training step timed in interleaved rounds (the
-    overhead claim); the config that ran."""
+def text_part(cfg: TextConfig, data_dir: Path, data: TokenData, out: Path,
+              results: dict[str, Any]) -> tuple[TextConfig, TextResults]:
+    """The natural-text study: plan the steps (``fit_plan``), train and analyse every
+    variant and seed, then the layer where the baseline's sink is strongest, each
+    variant's gate cost and its training step timed in interleaved rounds (the overhead
+    claim); the config that ran and the part's results. The job's ``results`` take the
+    part's config as their ``config`` and are written with the runs so far after each
+    variant (progress survives a crash)."""
     started = time.time()
     cfg, steps, step_s, cuts, decision = fit_plan(cfg, data)
     results["config"] = {**cfg.to_dict(), **_report_fields(cfg.train), "compile_choice": decision}
+    found: dict[str, Any] = {"variants": {}, "summary": {}}
     for variant in cfg.variants:
         runs = run_batch([text_run(cfg, data_dir, data, variant, seed, steps, out) for seed in range(cfg.seeds)])
-        results["variants"][variant] = {"runs": runs}
-        results["summary"][variant] = summarize(runs)
-        atomic_write_json(out / "results.json", json_safe(results))  # progress survives a crash
-    results["text_minutes"] = (time.time() - started) / 60
-    add_strongest_layer(results)
-    results["gate_cost"] = gate_costs(cfg, data, [*cfg.variants, "gated", "hyga-lowrank"])
+        found["variants"][variant] = {"runs": runs}
+        found["summary"][variant] = summarize(runs)
+        atomic_write_json(out / "results.json", json_safe({**results, **found}))
+    minutes = (time.time() - started) / 60
+    add_strongest_layer(found)
+    gate_cost = gate_costs(cfg, data, [*cfg.variants, "gated", "hyga-lowrank"])
     say("reproduce", "timing training steps of each variant in interleaved rounds")
     samples = interleaved_times({v: step_fn(cfg, v, data) for v in cfg.variants}, repeats=cfg.timing_rounds,
                                 warmup=2, per_sample=3)
-    results["step_time_samples"] = samples
-    results["step_time"] = {v: statistics.median(s) for v, s in samples.items()}
-    results["step_mfu"] = {v: step_speed(cfg.step_config(v), data, t)
-                           for v, t in results["step_time"].items()}
+    step_time = {v: statistics.median(s) for v, s in samples.items()}
     results["config"].update(steps=steps, batch_tokens=cfg.train.micro_batch * cfg.train.seq_len,
                              seeds=list(range(cfg.seeds)), step_seconds=step_s, cuts=cuts)
-    return cfg
+    return cfg, TextResults(
+        variants=found["variants"], summary=found["summary"], text_minutes=minutes,
+        strongest_layer=found.get("strongest_layer"), gate_cost=gate_cost, step_time_samples=samples,
+        step_time=step_time, step_mfu={v: step_speed(cfg.step_config(v), data, t) for v, t in step_time.items()})
 
 
 def start_part(cfg: TextConfig, out: Path) -> Callable[[dict[str, Any]], None]:
     """The study as a part of a job that writes into ``out``: its data prepared and
     checked now, before any part of the job trains; returns the part's run, which trains
-    and analyses every variant (:func:`text_part`) into the job's results, at their top
-    level where every natural-text report reads them, with its data and model in the
-    job's provenance (``meta``)."""
+    and analyses every variant (:func:`text_part`) and merges the part's results into the
+    job's, at their top level where every natural-text report reads them, with its data
+    and model in the job's provenance (``meta``)."""
     cfg = cfg.replace(out_dir=str(out))
     data_dir, data = open_data(cfg)
 
     def run(results: dict[str, Any]) -> None:
-        results.update(variants={}, summary={})
-        ran = text_part(cfg, data_dir, data, out, results)
+        ran, found = text_part(cfg, data_dir, data, out, results)
+        found.merge_into(results)
         results["meta"] = {**results.get("meta", {}), **text_meta(ran, data)}
 
     return run
