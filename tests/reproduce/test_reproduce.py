@@ -11,7 +11,7 @@ from gatedattn.train.config import ModelRecipe
 
 
 @pytest.mark.slow
-def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, capsys):
+def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, capsys, small_study_text):
     out = tmp_path / "report"
     assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
@@ -76,7 +76,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
 
 
 @pytest.mark.slow
-def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp_path, capsys):
+def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp_path, capsys, small_study_text):
     out = tmp_path / "report"
     assert main(["reproduce", "--quick", "--no-mechanism", "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
