@@ -476,6 +476,14 @@ def test_bundled_smollm2_matches_transformers():
     assert expected[0, -1].argmax() == logits(ours, ids)[0, -1].argmax()
 
 
+def test_a_load_that_fails_in_its_child_is_one_line_naming_the_loader(tmp_path):
+    from gatedattn.bench.load import load_row
+
+    with pytest.raises(GatedAttnError, match=r"^bench --real-model: the ours load of .*missing.gguf failed "
+                                             r"\(.*does not exist"):
+        load_row(tmp_path / "missing.gguf", repeats=1, threads=1)
+
+
 def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama_file, capsys, tmp_path, monkeypatch):
     from gatedattn.cli import main
 
@@ -488,6 +496,9 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
     for kind in ("forward", "logits", "train", "decode"):
         assert rows[kind]["ours_s"] > 0 and rows[kind]["hf_s"] > 0 and rows[kind]["speedup"] > 0
     assert rows["frozen"]["hf_s"] is None and res["frozen_over_full"] > 0
+    load = res["load"]  # the file loaded by each in a child process of its own
+    assert load["ours_s"] > 0 and load["hf_s"] > 0 and load["speedup"] == load["hf_s"] / load["ours_s"]
+    assert load["ours_peak_bytes"] > 100 * 2**20 and load["hf_peak_bytes"] > 100 * 2**20  # torch alone is more
     assert 0 < rows["forward"]["ours_mfu"] and res["precision"]["dtype"] == "fp32"
     for kind in ("forward", "train", "decode"):  # each row's products replayed alone, ours and theirs
         r = rows[kind]

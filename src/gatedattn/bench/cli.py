@@ -67,7 +67,7 @@ def _run_real_model(args: argparse.Namespace) -> int:
     if others:
         raise ConfigError(f"{', '.join(others)} do not apply to --real-model (a CPU comparison with transformers' "
                           f"LlamaForCausalLM); it takes --dtype, --repeats, --warmup, --quick, --json and --out")
-    shape = dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0) if args.quick else {}
+    shape = dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0, load_repeats=1) if args.quick else {}
     for name in ("repeats", "warmup"):
         if getattr(args, name) is not None:
             low = 1 if name == "repeats" else 0

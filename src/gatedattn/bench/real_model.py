@@ -23,7 +23,9 @@ Workloads, timed in interleaved rounds (``gatedattn.infra.timing``), ours and tr
   the sinks' update (its ratio to our full step). Attention runs on the
   layers' own kernel (the study's ``window=0`` attention is the same causal attention in
   its reference form);
-- ``decode``: greedy generation of ``decode_new`` tokens after a ``seq_len`` prompt.
+- ``decode``: greedy generation of ``decode_new`` tokens after a ``seq_len`` prompt;
+- the load of the file itself, ours and transformers', each in a fresh child process
+  (:mod:`gatedattn.bench.load`): seconds and peak resident memory.
 
 Each row shows the median seconds, ours / transformers' speedup, model FLOP/s
 (:mod:`gatedattn.models.mfu`) and MFU against this machine's measured peak of the dtype,
@@ -44,6 +46,7 @@ from typing import Any, Callable
 
 import torch
 
+from gatedattn.bench.load import format_load, load_row
 from gatedattn.bench.products import products_alone
 from gatedattn.infra.errors import ConfigError
 from gatedattn.models.casts import FrozenCasts
@@ -202,7 +205,7 @@ def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,
 
 def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto", batch: int = 4, seq_len: int = 256,
                          decode_new: int = 16, repeats: int = 5, warmup: int = 2,
-                         frozen_start: int | None = None) -> dict[str, Any]:
+                         frozen_start: int | None = None, load_repeats: int = 2) -> dict[str, Any]:
     """Time every workload; a JSON-ready dict with one row per workload kind. Two warm-up
     rounds: a training step's second call is its slowest (on SmolLM2 in bf16, 3.5 s against
     2.1 s from the third on; the heap grows once more when the activations first meet the
@@ -240,7 +243,8 @@ def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto",
                        hf_flops_per_s=flops[kind] / h, hf_mfu=mfu(flops[kind] / h, peak.flops_per_s))
         rows.append(row)
     frozen_ratio = median["ours:frozen"] / median["ours:train"]
-    return {"model": str(path), "precision": precision.as_dict(), "batch": batch, "seq_len": seq_len,
+    load = load_row(path, repeats=load_repeats, threads=torch.get_num_threads())
+    return {"load": load, "load_repeats": load_repeats, "model": str(path), "precision": precision.as_dict(), "batch": batch, "seq_len": seq_len,
             "decode_new": decode_new, "repeats": repeats, "warmup": warmup, "peak": peak.to_dict(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
             "rows": rows, "frozen_over_full": frozen_ratio, "frozen_start": start,
@@ -282,6 +286,8 @@ def format_real_model(res: dict[str, Any]) -> str:
         lines.append(f"| {r['kind']} | {r['ours_s']:.3f} | {hf} | {speed} | {pct(r.get('ours_mfu'))} | "
                      f"{pct(r.get('hf_mfu'))} | {alone} | {r['ours_over_floor']:.2f} | {bound} | {r.get('goal', '–')} |")
     goals = res.get("goals", {"speedup": SPEEDUP_GOAL, "floor": FLOOR_GOAL})
+    if "load" in res:  # (a result written before the load row was measured has none)
+        lines += ["", format_load(res["load"], res["load_repeats"])]
     lines += ["", f"Frozen-model step (learnable sinks in layers {res['frozen_start']}+, the layers below run once "
                   f"without gradients) / full step: {res['frozen_over_full']:.3f}.", "",
               f"Products alone: the row's matrix products replayed on their own operands (the floor at the "

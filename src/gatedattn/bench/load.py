@@ -1,0 +1,91 @@
+"""The load row of ``gatedattn bench --real-model``: reading a model file into a float32
+model, ours (``gatedattn.hf.load_model``) against transformers' own loader
+(``AutoModelForCausalLM.from_pretrained``, with ``gguf_file=`` for a GGUF file) on the same
+file. Each load runs in a child process of its own, so that no cache of an earlier load
+(a parsed header, a built tokenizer, pages of the file already in the process) helps it and
+its peak resident memory is its own; both children import the same libraries before the
+clock starts, so the seconds are the load's alone and the two peaks differ by what the two
+loads hold."""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gatedattn.hf import load_model
+from gatedattn.hf.importers import quiet_transformers
+from gatedattn.infra.errors import GatedAttnError
+
+LOADERS = ("ours", "hf")
+TIMEOUT_S = 1800  # a child that takes longer is stopped and named
+
+
+def load_once(loader: str, path: str | Path, threads: int) -> dict[str, float]:
+    """Load ``path`` with ``loader`` in this process; its seconds and this process's peak
+    resident bytes (what a child reports)."""
+    # before the clock starts, for both loaders alike (ours reads GGUF metadata through it too)
+    from transformers import AutoModelForCausalLM  # lazy: heavy (transformers)
+
+    torch.set_num_threads(threads)
+    path = Path(path)
+    started = time.perf_counter()
+    if loader == "ours":
+        load_model(path)
+    else:
+        with quiet_transformers():
+            if path.is_file():
+                AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            else:
+                AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def _child(loader: str, path: Path, threads: int) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "gatedattn.bench.load", loader, str(path), str(threads)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise GatedAttnError(f"bench --real-model: the {loader} load of {path} took over {TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise GatedAttnError(f"bench --real-model: the {loader} load of {path} failed ({last})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def load_row(path: str | Path, *, repeats: int, threads: int) -> dict[str, Any]:
+    """Ours and transformers' load of ``path``, each ``repeats`` times in fresh children
+    (alternating, ours first): the median seconds, the speedup (transformers' over ours),
+    the highest peak of each, and their ratio (ours over transformers')."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in LOADERS}
+    for _ in range(repeats):
+        for name in LOADERS:
+            runs[name].append(_child(name, Path(path), threads))
+    row: dict[str, Any] = {}
+    for name in LOADERS:
+        row[f"{name}_s"] = statistics.median(r["seconds"] for r in runs[name])
+        row[f"{name}_peak_bytes"] = max(r["peak_bytes"] for r in runs[name])
+        row[f"{name}_samples"] = [r["seconds"] for r in runs[name]]
+    row["speedup"] = row["hf_s"] / row["ours_s"]
+    row["peak_ratio"] = row["ours_peak_bytes"] / row["hf_peak_bytes"]
+    return row
+
+
+def format_load(row: dict[str, Any], repeats: int) -> str:
+    """The load row as one sentence of the bench's report."""
+    return (f"Load of the file into a float32 model, each in a fresh process (median of {repeats}): ours "
+            f"{row['ours_s']:.2f} s at a peak of {row['ours_peak_bytes'] / 2**30:.2f} GiB, transformers' "
+            f"{row['hf_s']:.2f} s at {row['hf_peak_bytes'] / 2**30:.2f} GiB: {row['speedup']:.2f}x the speed, "
+            f"{row['peak_ratio']:.2f}x the peak memory.")
+
+
+if __name__ == "__main__":
+    print(json.dumps(load_once(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
