@@ -28,11 +28,22 @@ LOADERS = ("ours", "hf")
 TIMEOUT_S = 1800  # a child that takes longer is stopped and named
 
 
+def hf_model(path: Path):
+    """transformers' own model of the file (GGUF) or directory, float32, eval."""
+    from transformers import AutoModelForCausalLM  # lazy: heavy (transformers)
+
+    with quiet_transformers():
+        if path.is_file():
+            return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                        dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
 def load_once(loader: str, path: str | Path, threads: int) -> dict[str, float]:
     """Load ``path`` with ``loader`` in this process; its seconds and this process's peak
     resident bytes (what a child reports)."""
-    # before the clock starts, for both loaders alike (ours reads GGUF metadata through it too)
-    from transformers import AutoModelForCausalLM  # lazy: heavy (transformers)
+    # imported before the clock starts, for both loaders alike (ours reads GGUF metadata through it too)
+    import transformers  # lazy: heavy (transformers)  # noqa: F401
 
     torch.set_num_threads(threads)
     path = Path(path)
@@ -40,11 +51,7 @@ def load_once(loader: str, path: str | Path, threads: int) -> dict[str, float]:
     if loader == "ours":
         load_model(path)
     else:
-        with quiet_transformers():
-            if path.is_file():
-                AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-            else:
-                AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        hf_model(path)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 

@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import torch
 
-from gatedattn.bench.load import format_load, load_row
+from gatedattn.bench.load import format_load, hf_model, load_row
 from gatedattn.bench.products import products_alone
 from gatedattn.infra.errors import ConfigError
 from gatedattn.models.casts import FrozenCasts
@@ -55,7 +55,6 @@ from gatedattn.train.optim import fusable
 from gatedattn.infra.precision import resolve_dtype
 from gatedattn.infra.timing import interleaved_times
 from gatedattn.hf import bundled_model_path, load_model
-from gatedattn.hf.importers import quiet_transformers
 
 
 # the first layer the real-model study trains on the bundled SmolLM2-135M: the first whose
@@ -77,17 +76,6 @@ def goal(speedup: float, bound: float, over_floor: float) -> str:
     if bound < SPEEDUP_GOAL:
         return "at the floor" if over_floor <= FLOOR_GOAL else "near the floor"
     return "missed"
-
-
-def _hf_model(path: Path):
-    """transformers' own model of the file (GGUF) or directory, float32, eval."""
-    from transformers import AutoModelForCausalLM  # lazy: heavy (transformers)
-
-    with quiet_transformers():
-        if path.is_file():
-            return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                        dtype=torch.float32).eval()
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
 def _train_step(model: torch.nn.Module, ids: torch.Tensor, loss_of: Callable, precision) -> Callable[[], None]:
@@ -213,7 +201,7 @@ def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto",
     path = Path(path) if path is not None else bundled_model_path()
     precision = resolve_dtype(dtype, "cpu")
     ours = load_model(path)
-    theirs = _hf_model(path)
+    theirs = hf_model(path)
     cfg = ours.cfg
     start = frozen_start_layer(cfg.n_layers, frozen_start)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
@@ -244,10 +232,11 @@ def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto",
         rows.append(row)
     frozen_ratio = median["ours:frozen"] / median["ours:train"]
     load = load_row(path, repeats=load_repeats, threads=torch.get_num_threads())
-    return {"load": load, "load_repeats": load_repeats, "model": str(path), "precision": precision.as_dict(), "batch": batch, "seq_len": seq_len,
+    return {"model": str(path), "precision": precision.as_dict(), "batch": batch, "seq_len": seq_len,
             "decode_new": decode_new, "repeats": repeats, "warmup": warmup, "peak": peak.to_dict(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-            "rows": rows, "frozen_over_full": frozen_ratio, "frozen_start": start,
+            "rows": rows, "load": load, "load_repeats": load_repeats, "frozen_over_full": frozen_ratio,
+            "frozen_start": start,
             "goals": {"speedup": SPEEDUP_GOAL, "floor": FLOOR_GOAL}}
 
 

@@ -100,11 +100,8 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
     else:
         plan = importer.plan(raw, source)
         check_model_size(plan.cfg, source, device)
-        with torch.device("meta"):  # the shapes alone: the weights are the tensors read, held once
-            expected = GatedLM(plan.cfg).state_dict()
-        if plan.cfg.tie_embeddings:
-            expected.pop("lm_head.weight")
-        model = GatedLM.from_state(plan.cfg, read_hf_state(directory, plan, expected), directory)
+        state = read_hf_state(directory, plan, GatedLM.expected_state(plan.cfg))
+        model = GatedLM.from_state(plan.cfg, state, directory)  # the tensors read, held once
     model.eval()
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 

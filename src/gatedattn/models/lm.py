@@ -254,6 +254,20 @@ class GatedLM(nn.Module):
         self.reset_parameters()
 
     @classmethod
+    def expected_state(cls, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        """The state dict a model of ``cfg`` loads, as meta tensors (names, shapes and
+        dtypes; nothing allocated), a tied LM head left out (it is the token embedding)."""
+        with torch.device("meta"):
+            return cls(cfg)._loaded_state()
+
+    def _loaded_state(self) -> dict[str, torch.Tensor]:
+        """The model's state dict as it is saved and loaded: a tied LM head left out."""
+        state = self.state_dict()
+        if self.cfg.tie_embeddings:
+            state.pop("lm_head.weight")
+        return state
+
+    @classmethod
     def from_state(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], source: Any) -> "GatedLM":
         """The model of ``cfg`` whose weights are the tensors of ``state`` themselves, not
         copies (a tensor in another dtype than the model's float32, or not contiguous, is
@@ -263,9 +277,8 @@ class GatedLM(nn.Module):
         head may be left out. The buffers (RoPE frequencies) are made on the weights' device."""
         with torch.device("meta"):
             model = cls(cfg)
-        expected = model.state_dict()
+        expected = model._loaded_state()
         if cfg.tie_embeddings:
-            expected.pop("lm_head.weight")
             state = {k: v for k, v in state.items() if k != "lm_head.weight"}
         check_state_dict(state, expected, source)
         model.load_state_dict({k: v.to(expected[k].dtype).contiguous() for k, v in state.items()}, strict=False,
@@ -567,9 +580,7 @@ class GatedLM(nn.Module):
         if not isinstance(save_code, bool):
             raise ConfigError(f"GatedLM.save_pretrained: save_code must be True or False, got {save_code!r}")
         directory = Path(directory)
-        state = self.state_dict()
-        if self.cfg.tie_embeddings:
-            state.pop("lm_head.weight")
+        state = self._loaded_state()
         config = {**self.cfg.config_json(), "dtype": str(self.embed.weight.dtype).removeprefix("torch.")}
         with atomic_model_dir(directory) as tmp:  # an existing model survives any failure whole
             if save_code:

@@ -122,11 +122,7 @@ def plan_run(cfg: TrainConfig, resume: bool, world_size: int, data: TokenData,
     if ckpt is None:
         return {"identity": identity, "ckpt": None, "model_state": None, "trainer_state": None}
     model_state, trainer_state = ckpt_mod.load_checkpoint(ckpt)
-    with torch.device("meta"):
-        expected = GatedLM(model_cfg).state_dict()
-    if model_cfg.tie_embeddings:
-        expected.pop("lm_head.weight")
-    check_state_dict(model_state, expected, ckpt / "model.safetensors")
+    check_state_dict(model_state, GatedLM.expected_state(model_cfg), ckpt / "model.safetensors")
     if trainer_state.get("step") != info.get("step"):
         raise GatedAttnError(f"{ckpt}: trainer state is at step {trainer_state.get('step')}, checkpoint.json says {info.get('step')}")
     total = cfg.total_steps(world_size)
