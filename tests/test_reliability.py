@@ -134,6 +134,20 @@ def test_checksum_manifest_catches_one_flipped_bit(tmp_path):
     assert read_verified(path) == clean
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_every_chunk_of_a_tensor_is_checked_finite(bad):
+    from gatedattn.infra.integrity import FINITE_CHUNK, all_finite, check_finite
+
+    t = torch.zeros(3, FINITE_CHUNK)  # three chunks; a bad value in each in turn, the last element too
+    assert all_finite(t) and all_finite(t.bfloat16()) and all_finite(t.t())  # strided: checked as well
+    for where in (0, FINITE_CHUNK + 5, 3 * FINITE_CHUNK - 1):
+        t.view(-1)[where] = bad
+        assert not all_finite(t) and not all_finite(t.t())
+        with pytest.raises(GatedAttnError, match="'w' holds 1 non-finite"):
+            check_finite({"w": t}, "src")
+        t.view(-1)[where] = 0.0
+
+
 def test_nonfinite_weights_are_refused_even_with_a_good_checksum(tmp_path):
     from safetensors.torch import load_file, save_file
 

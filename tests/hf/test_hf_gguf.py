@@ -109,7 +109,7 @@ def stored(name: str, w: np.ndarray):
     return half, None, half.astype(np.float32)
 
 
-def add_metadata(writer: GGUFWriter, config, arch: str, tokenizer: bool) -> None:
+def add_metadata(writer: GGUFWriter, config, arch: str, tokenizer: bool, vocab_size: bool = True) -> None:
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -118,7 +118,8 @@ def add_metadata(writer: GGUFWriter, config, arch: str, tokenizer: bool) -> None
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
+    if vocab_size:
+        writer.add_vocab_size(config.vocab_size)
     if arch == "llama":
         writer.add_rope_dimension_count(config.head_dim)
     if arch == "qwen3":
@@ -134,15 +135,17 @@ def add_metadata(writer: GGUFWriter, config, arch: str, tokenizer: bool) -> None
     writer.add_eos_token_id(V - 2)
 
 
-def write_gguf(path, model, arch: str | None = None, extra=None, tensor_hook=None, tokenizer: bool = True):
+def write_gguf(path, model, arch: str | None = None, extra=None, tensor_hook=None, tokenizer: bool = True,
+               vocab_size: bool = True):
     """Write ``model`` as llama.cpp would; the model's weights are set to the values the
     file holds (F16 / Q8_0 rounding), so it stays the exact reference. ``arch`` overrides
     ``general.architecture``; ``extra(writer)`` adds metadata; ``tensor_hook(name, array)``
-    may replace a tensor (None drops it); ``tokenizer=False`` leaves the tokenizer out."""
+    may replace a tensor (None drops it); ``tokenizer=False`` leaves the tokenizer out,
+    ``vocab_size=False`` the vocabulary size (the token list then says it)."""
     config = model.config
     arch = arch or config.model_type
     writer = GGUFWriter(str(path), arch)
-    add_metadata(writer, config, arch, tokenizer)
+    add_metadata(writer, config, arch, tokenizer, vocab_size)
     if extra is not None:
         extra(writer)
     tied = config.tie_word_embeddings
@@ -218,6 +221,34 @@ def test_logits_equal_transformers_gguf_loading(tmp_path, family):
     assert load_config(path) == ours.cfg
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_config_and_tensors_are_those_transformers_reads_from_the_file(tmp_path, family):
+    """The config dict and the dequantized tensors are built from the header and the mapped
+    file, not by transformers' loader: they must be what it returns for the same file."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf(family), extra=lambda w: w.add_name("tiny"),
+                      vocab_size=family != "qwen2")  # qwen2's vocabulary size from its token list
+    header, raw, plan = hf_gguf.gguf_plan(path)
+    theirs = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    assert theirs.pop("_model_name_or_path") == "tiny" and raw == theirs and raw["vocab_size"] == V
+    names_model = hf_gguf._names_model(raw, plan, str(path))
+    ours = hf_gguf._hf_tensors(header, raw, names_model)
+    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names_model)["tensors"]
+    assert list(ours) == list(theirs) and len(ours) == len(header.tensors)
+    for name, t in ours.items():
+        assert t.dtype == torch.float32 and t.is_contiguous() and torch.equal(t, theirs[name]), name
+
+
+def test_a_llama_file_named_mistral_is_refused_as_transformers_reads_it(tmp_path):
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"), extra=lambda w: w.add_name("mistral"))
+    assert load_gguf_checkpoint(str(path))["config"]["model_type"] == "mistral"
+    with pytest.raises(GatedAttnError, match="model_type='mistral', which is not supported"):
+        load_model(path)
+
+
 def test_directory_with_one_gguf_file_loads_like_the_file(llama_file):
     path, source = llama_file
     ids = torch.randint(0, V, (1, 9))
@@ -255,24 +286,27 @@ def test_embedded_tokenizer_and_model_tokenizer(llama_file, tmp_path):
     assert model_tokenizer(tmp_path / "plain") is None  # no tokenizer.json
 
 
-def test_a_files_metadata_and_tokenizer_are_read_once_and_anew_when_it_changes(tmp_path, monkeypatch):
+def test_a_gguf_model_is_read_without_transformers_parse_and_its_tokenizer_once_per_file(tmp_path, monkeypatch):
     from transformers import modeling_gguf_pytorch_utils as transformers_gguf_utils
 
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))  # no tokenizer built before
     reads = []
     real = transformers_gguf_utils.load_gguf_checkpoint
     monkeypatch.setattr(transformers_gguf_utils, "load_gguf_checkpoint",
                         lambda path, **kw: reads.append(kw.get("return_tensors", False)) or real(path, **kw))
     path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"))
-    first = hf_gguf.gguf_hf_tokenizer(path)
     model = load_model(path)
+    assert reads == []  # the config and the tensors come from the header and the mapped file
+    first = hf_gguf.gguf_hf_tokenizer(path)
     second = hf_gguf.gguf_hf_tokenizer(path)
-    assert reads == [False, True]  # the metadata once (config and tokenizer share it), then the tensors
+    assert reads == [False] and not hf_gguf._READERS  # built once; the parse is not held after
     assert second is not first and second.backend_tokenizer is not first.backend_tokenizer  # a copy each
     first.add_tokens(["zzz-added"])  # a caller's change stays its own
     assert len(hf_gguf.gguf_hf_tokenizer(path)) == len(second) == len(first) - 1
     # the same path written anew (more layers) is read anew
     write_gguf(path, tiny_hf("llama", num_hidden_layers=model.cfg.n_layers + 1))
-    assert load_model(path).cfg.n_layers == model.cfg.n_layers + 1 and reads.count(False) == 2
+    assert load_model(path).cfg.n_layers == model.cfg.n_layers + 1
+    assert hf_gguf.gguf_hf_tokenizer(path) is not None and reads == [False, False]
 
 
 def test_a_gguf_model_holds_its_dequantized_tensors_once(tmp_path, monkeypatch):
@@ -285,6 +319,27 @@ def test_a_gguf_model_holds_its_dequantized_tensors_once(tmp_path, monkeypatch):
     model = load_model(path)
     storages = {t.untyped_storage().data_ptr() for t in dequantized.values()}
     assert storages and {p.untyped_storage().data_ptr() for p in model.parameters()} <= storages
+
+
+def test_a_gguf_file_loads_straight_into_the_dtype_asked(llama_file, monkeypatch):
+    """With ``dtype`` each tensor is converted as it is dequantized, and the model holds
+    those tensors: the same model as a float32 load converted after, without its float32 copy."""
+    path, _ = llama_file
+    full = load_model(path)
+    dequantized = {}
+    real = hf_gguf._hf_tensors
+    monkeypatch.setattr(hf_gguf, "_hf_tensors", lambda *a: dequantized.update(real(*a)) or dequantized)
+    half = load_model(path, dtype=torch.bfloat16)
+    assert {t.dtype for t in dequantized.values()} == {torch.bfloat16}
+    assert {p.untyped_storage().data_ptr() for p in half.parameters()} <= \
+        {t.untyped_storage().data_ptr() for t in dequantized.values()}
+    expected = full.to(torch.bfloat16).state_dict()
+    got = half.state_dict()
+    assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+    assert half.blocks[0].attn.rotary.inv_freq.dtype == torch.bfloat16  # buffers as Module.to makes them
+    for bad in (torch.int64, "bfloat16"):
+        with pytest.raises(GatedAttnError, match="dtype=.* must be None or a floating torch.dtype"):
+            load_model(path, dtype=bad)
 
 
 def test_a_files_tokenizer_is_built_once_per_machine_and_read_back_from_the_cache(tmp_path, monkeypatch):

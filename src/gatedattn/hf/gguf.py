@@ -55,11 +55,14 @@ QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "
 # metadata value types (GGUFValueType) of fixed width -> struct format
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+SMALL_ARRAY = 256  # numeric metadata arrays up to this length are read (per-layer values); longer ones are not
 
 
 # --------------------------------------------------------------------------- header
 class Array(NamedTuple):
-    """A metadata array, kept as its element type and length (a vocabulary is not read here)."""
+    """A metadata array of strings or of more than ``SMALL_ARRAY`` numbers, kept as its
+    element type and length (a vocabulary is not read here); smaller numeric arrays are
+    read as lists."""
 
     element_type: int
     count: int
@@ -67,17 +70,20 @@ class Array(NamedTuple):
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor of the table: GGUF name, shape (torch order), type name and size in bytes."""
+    """One tensor of the table: GGUF name, shape (torch order), type name, size in bytes
+    and the byte of the file where its data starts."""
 
     name: str
     shape: tuple[int, ...]
     kind: str
     nbytes: int
+    offset: int
 
 
 @dataclass(frozen=True)
 class Header:
-    """A GGUF file's metadata (scalars and strings; arrays as :class:`Array`) and tensor table."""
+    """A GGUF file's metadata (scalars, strings and small numeric arrays as lists; other
+    arrays as :class:`Array`) and tensor table."""
 
     path: Path
     metadata: dict[str, Any]
@@ -119,6 +125,8 @@ class _Cursor:
         if value_type != _ARRAY:
             raise ValueError(f"unknown metadata value type {value_type}")
         element_type, count = self.take("<I"), self.take("<Q")
+        if element_type in _SCALARS and count <= SMALL_ARRAY:
+            return [self.take(_SCALARS[element_type]) for _ in range(count)]
         if element_type in _SCALARS:
             self.pos += count * struct.calcsize(_SCALARS[element_type])
         elif element_type == _STRING:
@@ -209,7 +217,7 @@ def _parse(path: Path, buf) -> Header:
         if end > len(buf):
             raise GatedAttnError(f"{path} is truncated: tensor {name!r} ends at byte {end} but the file has "
                                  f"{len(buf)} bytes")
-        tensors.append(TensorInfo(name, shape, kind.name, nbytes))
+        tensors.append(TensorInfo(name, shape, kind.name, nbytes, data_start + offset))
     return Header(path, metadata, tuple(tensors), metadata_end)
 
 
@@ -271,19 +279,11 @@ def _first_line(e: Exception) -> str:
 
 
 # --------------------------------------------------------------------------- one parse
-# transformers' GGUF functions (the config, the tensors, the tokenizer) each parse the whole
-# file with gguf-py's GGUFReader, seconds for a vocabulary of 49 k tokens; under
-# ``one_parse()`` a file is parsed once while it stays the same file (path, inode, size,
-# change and modification times: a file replaced or written to is parsed anew).
+# transformers' GGUF tokenizer (``AutoTokenizer.from_pretrained(..., gguf_file=...)``) parses
+# the whole file with gguf-py's GGUFReader more than once, seconds for a vocabulary of 49 k
+# tokens; under ``one_parse()`` a file is parsed once while it stays the same file (path,
+# inode, size, change and modification times: a file replaced or written to is parsed anew).
 _READERS: dict[tuple, Any] = {}
-# and transformers' reading of its metadata (``load_gguf_checkpoint(path)`` without tensors:
-# the config and the whole vocabulary, ~1 s for a 49k-token file) is made once too, for the
-# config (``gguf_plan``) and the tokenizer (``gguf_hf_tokenizer``) alike (the last file only)
-_METADATA: dict[tuple, dict[str, Any]] = {}
-# the tokenizer metadata arrays, which the tensors' read does not need (a view without them
-# spares their parse, as long again as the rest)
-_VOCABULARY_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                      "tokenizer.ggml.scores")
 
 
 def _file_identity(path: Path) -> tuple:
@@ -291,24 +291,13 @@ def _file_identity(path: Path) -> tuple:
     return (str(path.resolve()), st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _without_vocabulary(reader):
-    """A view of a parsed ``GGUFReader`` whose ``fields`` leave out the vocabulary arrays."""
-    view = copy.copy(reader)
-    view.fields = type(reader.fields)((k, f) for k, f in reader.fields.items() if k not in _VOCABULARY_FIELDS)
-    return view
-
-
 @contextlib.contextmanager
-def one_parse(*, vocabulary: bool = True):
+def one_parse():
     """Within this, gguf-py's ``GGUFReader`` of a file already parsed is that parse again (the
-    last file only: it maps the file, and holds its parsed metadata), and transformers'
-    ``load_gguf_checkpoint`` of its metadata alone (no tensors) is a copy of the first such
-    read. ``vocabulary=False``: the reader leaves the tokenizer arrays out (for reading the
-    tensors, which do not need them)."""
+    last file only: it maps the file, and holds its parsed metadata)."""
     import gguf  # lazy: heavy (gguf-py, numpy)
-    from transformers import modeling_gguf_pytorch_utils as hf_gguf  # lazy: heavy (transformers)
 
-    original, original_load = gguf.GGUFReader, hf_gguf.load_gguf_checkpoint
+    original = gguf.GGUFReader
 
     def reader(path, mode: str = "r"):
         if mode != "r":
@@ -317,35 +306,43 @@ def one_parse(*, vocabulary: bool = True):
         if key not in _READERS:
             _READERS.clear()
             _READERS[key] = original(path, mode)
-        return _READERS[key] if vocabulary else _without_vocabulary(_READERS[key])
+        return _READERS[key]
 
-    def load(path, return_tensors=False, model_to_load=None, torch_dtype=None):
-        if return_tensors or model_to_load is not None or torch_dtype is not None or not vocabulary:
-            return original_load(path, return_tensors=return_tensors, model_to_load=model_to_load,
-                                 torch_dtype=torch_dtype)
-        key = _file_identity(Path(path))
-        if key not in _METADATA:
-            _METADATA.clear()
-            _METADATA[key] = original_load(path, return_tensors=False)
-        return copy.deepcopy(_METADATA[key])  # callers change the dicts they get
-
-    gguf.GGUFReader, hf_gguf.load_gguf_checkpoint = reader, load
+    gguf.GGUFReader = reader
     try:
         yield
     finally:
-        gguf.GGUFReader, hf_gguf.load_gguf_checkpoint = original, original_load
+        gguf.GGUFReader = original
+        _READERS.clear()  # the parse is held only while it is used
 
 
 # --------------------------------------------------------------------------- config
 def _hf_config_dict(header: Header) -> dict[str, Any]:
-    """The HF config dict transformers' GGUF loader builds from the file's metadata."""
-    from transformers import modeling_gguf_pytorch_utils as hf_gguf  # lazy: heavy (transformers)
+    """The HF config dict transformers' GGUF loader (``load_gguf_checkpoint``) builds from the
+    file's metadata, built here from the header with transformers' own tables (its key
+    renames and per-architecture defaults), without parsing the vocabulary: the same dict
+    (tested), seconds and hundreds of megabytes sooner for a 49 k-token file."""
+    from transformers.integrations.ggml import (GGUF_CONFIG_DEFAULTS_MAPPING,  # lazy: heavy (transformers)
+                                                GGUF_CONFIG_MAPPING)
 
-    try:
-        with quiet_transformers(), one_parse():  # the metadata read once for the config and the tokenizer
-            raw = hf_gguf.load_gguf_checkpoint(str(header.path), return_tensors=False)["config"]
-    except Exception as e:  # transformers' own parsing: one line naming the file
-        raise GatedAttnError(f"{header.path}: transformers cannot read its GGUF metadata ({_first_line(e)})") from None
+    arch = header.architecture
+    # transformers reads a llama file named exactly "mistral" as Mistral (then refused below)
+    model_type = "mistral" if "llama" in arch and header.metadata.get("general.name") == "mistral" else arch
+    raw: dict[str, Any] = {"tie_word_embeddings": all(t.name != "output.weight" for t in header.tensors)}
+    raw.update(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, GGUF_CONFIG_DEFAULTS_MAPPING.get(arch) or {}))
+    for key, value in header.metadata.items():
+        prefix, _, rest = key.replace(arch, model_type).partition(".")
+        renamed = GGUF_CONFIG_MAPPING.get(prefix, {}).get(rest)
+        if renamed is None or renamed == -1:
+            continue
+        if isinstance(value, Array):
+            raise GatedAttnError(f"{header.path}: metadata {key} is an array of {value.count} values, which is not "
+                                 f"read; supported: a single value")
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]  # as transformers reads a one-element array
+        raw[renamed] = value.replace(arch, model_type) if isinstance(value, str) else value
+    if "vocab_size" not in raw and isinstance(header.metadata.get("tokenizer.ggml.tokens"), Array):
+        raw["vocab_size"] = header.metadata["tokenizer.ggml.tokens"].count
     if raw.get("model_type") not in SUPPORTED_ARCHITECTURES:
         raise GatedAttnError(f"{header.path}: transformers reads it as model_type={raw.get('model_type')!r}, which "
                              f"is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
@@ -411,16 +408,44 @@ def _check_all_mapped(header: Header, raw: dict[str, Any], names_model: _HFNames
                              f"the {header.architecture} config does not account for it")
 
 
-def _hf_tensors(header: Header, names_model: _HFNames) -> dict[str, torch.Tensor]:
-    """The file's tensors, dequantized to float32, in HF names."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # lazy: heavy (transformers)
+def _hf_tensors(header: Header, raw: dict[str, Any], names_model: _HFNames,
+                dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The file's tensors, dequantized to float32 one at a time from the mapped file, in HF
+    names: what transformers' ``load_gguf_checkpoint(return_tensors=True)`` returns (its
+    tensor processor for the architecture, e.g. Llama's q/k un-permutation, and its names),
+    without its parse of the whole metadata and with no second copy of the model; each
+    tensor then in ``dtype`` where one is given (the model's, so none is converted twice)."""
+    import numpy as np  # lazy: heavy (numpy, with gguf-py)
+    from gguf import GGMLQuantizationType  # lazy: heavy (gguf)
+    from gguf.quants import dequantize, quant_shape_to_byte_shape  # lazy: heavy (gguf)
+    # lazy: heavy (transformers)
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          get_gguf_hf_weights_map)
 
+    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=raw)
+    names = get_gguf_hf_weights_map(names_model, processor)
+    plain = {"F32": np.float32, "F16": np.float16}  # read as numbers; every other type as its bytes
+    out: dict[str, torch.Tensor] = {}
+    data = np.memmap(header.path, dtype=np.uint8, mode="r")
     try:
-        with quiet_transformers(), one_parse(vocabulary=False):
-            out = load_gguf_checkpoint(str(header.path), return_tensors=True, model_to_load=names_model)
+        for t in header.tensors:
+            kind = GGMLQuantizationType[t.kind]
+            stored = data[t.offset:t.offset + t.nbytes]
+            stored = (stored.view(plain[t.kind]).reshape(t.shape) if t.kind in plain
+                      else stored.reshape(quant_shape_to_byte_shape(t.shape, kind)))
+            done = processor.process(weights=dequantize(stored, kind), name=t.name, tensor_key_mapping=names,
+                                     parsed_parameters={"config": raw, "tensors": out})
+            if done.name not in names:  # checked before: every tensor maps (_check_all_mapped)
+                continue
+            w = done.weights
+            if np.may_share_memory(w, data) or w.dtype != np.float32 or not w.flags.c_contiguous:
+                w = np.array(w, dtype=np.float32, order="C")  # its own memory, not the file's pages
+            out[names[done.name]] = torch.from_numpy(w) if dtype is None else torch.from_numpy(w).to(dtype)
     except Exception as e:
         raise GatedAttnError(f"{header.path}: its tensors cannot be read ({_first_line(e)})") from None
-    return {name: t.float() for name, t in out["tensors"].items()}
+    finally:
+        del data  # the mapping closes once no array views it
+    return out
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
@@ -431,10 +456,10 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, device: str
     check_model_size(plan.cfg, source, device)
     names_model = _names_model(raw, plan, source)
     _check_all_mapped(header, raw, names_model)
-    tensors = DictTensorSource(_hf_tensors(header, names_model), header.path)
+    tensors = DictTensorSource(_hf_tensors(header, raw, names_model, dtype), header.path)
     state = read_hf_state(header.path, plan, GatedLM.expected_state(plan.cfg), tensors)
-    model = GatedLM.from_state(plan.cfg, state, header.path).eval()  # the dequantized tensors, held once
-    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+    model = GatedLM.from_state(plan.cfg, state, header.path, dtype).eval()  # the dequantized tensors, held once
+    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)  # and the buffers
 
 
 # --------------------------------------------------------------------------- tokenizer

@@ -85,6 +85,9 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
     that are not floating point or hold NaN or infinity are refused, as is a model too large
     for the device's memory, and a ``device`` this machine does not have."""
     device = model_device(str(device))  # "nope", or "cuda" on a CPU build: one line, before anything is read
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise GatedAttnError(f"load_model: dtype={dtype!r} must be None or a floating torch.dtype (torch.float32, "
+                             f"torch.bfloat16, torch.float16, torch.float64)")
     recover_missing(directory)  # a killed replace's previous copy is put back first
     gguf = gguf_file_of(directory)
     if gguf is not None:

@@ -166,12 +166,23 @@ def check_dtypes(tensors: dict[str, Any], source: Any) -> None:
                                  f"weights must be one of {allowed} (quantized or integer weights are not supported)")
 
 
+FINITE_CHUNK = 1 << 20  # elements checked at a time: isfinite's temporaries stay this small
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether a floating tensor holds no NaN or infinity, checked ``FINITE_CHUNK`` elements at
+    a time (``torch.isfinite`` of a whole tensor makes temporaries as large as it, the model's
+    embedding among them, at the peak of a load)."""
+    flat = t.reshape(-1)
+    return all(bool(torch.isfinite(part).all()) for part in flat.split(FINITE_CHUNK))
+
+
 def check_finite(tensors: dict[str, Any], source: Any) -> None:
     """Refuse a state dict holding a non-floating tensor (:func:`check_dtypes`) or NaN or
     infinity, naming the first such tensor."""
     check_dtypes(tensors, source)
     for name, t in tensors.items():
-        if not bool(torch.isfinite(t).all()):
+        if not all_finite(t):
             bad = int((~torch.isfinite(t)).sum())
             raise GatedAttnError(f"{source}: tensor {name!r} holds {bad} non-finite value(s) (NaN or infinity); "
                                  f"the weights are damaged or diverged")

@@ -268,10 +268,11 @@ class GatedLM(nn.Module):
         return state
 
     @classmethod
-    def from_state(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], source: Any) -> "GatedLM":
+    def from_state(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], source: Any,
+                   dtype: torch.dtype | None = None) -> "GatedLM":
         """The model of ``cfg`` whose weights are the tensors of ``state`` themselves, not
-        copies (a tensor in another dtype than the model's float32, or not contiguous, is
-        converted): it is built on the meta device, so the weights exist once in memory,
+        copies (a tensor in another dtype than ``dtype``, float32 by default, or not
+        contiguous, is converted): it is built on the meta device, so the weights exist once in memory,
         never twice. ``state`` must match the model's state dict exactly (names and shapes;
         :func:`check_state_dict` names the first that does not, with ``source``); a tied LM
         head may be left out. The buffers (RoPE frequencies) are made on the weights' device."""
@@ -281,8 +282,8 @@ class GatedLM(nn.Module):
         if cfg.tie_embeddings:
             state = {k: v for k, v in state.items() if k != "lm_head.weight"}
         check_state_dict(state, expected, source)
-        model.load_state_dict({k: v.to(expected[k].dtype).contiguous() for k, v in state.items()}, strict=False,
-                              assign=True)
+        model.load_state_dict({k: v.to(dtype or expected[k].dtype).contiguous() for k, v in state.items()},
+                              strict=False, assign=True)
         if cfg.tie_embeddings:
             model.lm_head.weight = model.embed.weight
         device = model.embed.weight.device
