@@ -8,15 +8,19 @@ and no ``config.json``, through this module:
    architecture other than ``SUPPORTED_ARCHITECTURES``, a tensor type that cannot be
    dequantized, and metadata that transformers' loader would silently ignore (RoPE
    scaling);
-2. transformers' GGUF loader (``load_gguf_checkpoint``) turns the metadata into a HF
-   config dict, which goes through the same importers (``gatedattn.hf.importers.IMPORTERS``)
-   as a ``config.json``;
+2. the metadata becomes the HF config dict transformers' GGUF loader
+   (``load_gguf_checkpoint``) would build, made here from the header with transformers' own
+   key tables, and goes through the same importers (``gatedattn.hf.importers.IMPORTERS``) as
+   a ``config.json``;
 3. every tensor of the file must map to a HF name (checked before anything is
-   dequantized); the dequantized tensors, in HF names, go through the same
-   ``hf_specs`` mapping as safetensors weights (a :class:`~gatedattn.hf.checkpoint.DictTensorSource`).
+   dequantized); the tensors are then dequantized one at a time from the mapped file
+   (gguf-py), through transformers' tensor processor for the architecture, and go, in HF
+   names, through the same ``hf_specs`` mapping as safetensors weights (a
+   :class:`~gatedattn.hf.checkpoint.DictTensorSource`).
 
 The logits are those of ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=name)`` on
-the same file. The tokenizer embedded in the file is :func:`gguf_tokenizer`.
+the same file (tested, with the config dict and every tensor). The tokenizer embedded in
+the file is :func:`gguf_tokenizer` (built by transformers' converter once per machine).
 
 Importing this module is cheap: gguf-py is imported by the header reader, transformers
 only by the functions that need it.

@@ -75,18 +75,21 @@ def hf_config_object(raw: dict[str, Any], source: str):
 
 @contextlib.contextmanager
 def quiet_transformers():
-    """transformers' and torch's warnings off while a config is parsed: a refusal is one line,
-    and what matters is in it."""
+    """transformers' and torch's warnings, and transformers' progress bars, off while a
+    config is parsed or a model read: a refusal is one line, and what matters is in it."""
     from transformers.utils import logging as hf_logging  # lazy: heavy (transformers)
 
-    level = hf_logging.get_verbosity()
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _number(source: str, field: str, value: Any) -> float:
