@@ -240,6 +240,44 @@ def test_config_and_tensors_are_those_transformers_reads_from_the_file(tmp_path,
         assert t.dtype == torch.float32 and t.is_contiguous() and torch.equal(t, theirs[name]), name
 
 
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "IQ4_NL", "BF16"])
+def test_every_block_layout_is_read_as_transformers_reads_it(tmp_path, kind):
+    """Matrices stored in ``kind`` (random blocks whose scales are finite): the tensors read
+    from the mapped file are those transformers' loader returns, through Llama's q/k
+    un-permutation."""
+    from gguf.quants import quant_shape_to_byte_shape
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    qtype = GGMLQuantizationType[kind]
+    model = tiny_hf("llama", hidden_size=256, intermediate_size=512, num_hidden_layers=1, head_dim=64)
+    writer = GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    add_metadata(writer, model.config, "llama", tokenizer=True)
+    rng = np.random.default_rng(0)
+    for hf_name, param in model.state_dict().items():
+        name, w = gguf_name(hf_name), param.float().numpy()
+        if w.ndim == 1:
+            writer.add_tensor(name, w)
+            continue
+        # every byte below 0x3c: each float16 scale in a block is finite and under 1
+        blocks = rng.integers(0, 0x3C, quant_shape_to_byte_shape(w.shape, qtype), dtype=np.uint8)
+        writer.add_tensor(name, blocks, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    path = tmp_path / "m.gguf"
+    header, raw, plan = hf_gguf.gguf_plan(path)
+    assert {t.kind for t in header.tensors if len(t.shape) == 2} == {kind}
+    names_model = hf_gguf._names_model(raw, plan, str(path))
+    ours = hf_gguf._hf_tensors(header, raw, names_model)
+    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names_model)["tensors"]
+    assert list(ours) == list(theirs)
+    for name, t in ours.items():
+        assert t.shape == model.state_dict()[name].shape and torch.equal(t, theirs[name]), name
+    assert bool(torch.isfinite(ours["model.layers.0.self_attn.q_proj.weight"]).all())
+    assert load_model(path).cfg.attention.d_model == 256
+
+
 def test_a_llama_file_named_mistral_is_refused_as_transformers_reads_it(tmp_path):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
