@@ -333,7 +333,9 @@ def _hf_config_dict(header: Header) -> dict[str, Any]:
     # transformers reads a llama file named exactly "mistral" as Mistral (then refused below)
     model_type = "mistral" if "llama" in arch and header.metadata.get("general.name") == "mistral" else arch
     raw: dict[str, Any] = {"tie_word_embeddings": all(t.name != "output.weight" for t in header.tensors)}
-    raw.update(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, GGUF_CONFIG_DEFAULTS_MAPPING.get(arch) or {}))
+    defaults = GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, GGUF_CONFIG_DEFAULTS_MAPPING.get(arch) or {})
+    for key, value in defaults.items():  # as transformers sets them: never over what the tensors said
+        raw.setdefault(key, value)
     for key, value in header.metadata.items():
         prefix, _, rest = key.replace(arch, model_type).partition(".")
         renamed = GGUF_CONFIG_MAPPING.get(prefix, {}).get(rest)
