@@ -104,7 +104,7 @@ def load_model(directory: str | Path, *, dtype: torch.dtype | None = None,
         plan = importer.plan(raw, source)
         check_model_size(plan.cfg, source, device)
         state = read_hf_state(directory, plan, GatedLM.expected_state(plan.cfg))
-        model = GatedLM.from_state(plan.cfg, state, directory)  # the tensors read, held once
+        model = GatedLM.from_state(plan.cfg, state, directory, dtype)  # the tensors read, held once, in dtype
     model.eval()
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 

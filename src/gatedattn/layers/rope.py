@@ -81,14 +81,17 @@ class Rotary(torch.nn.Module):
         super().__init__()
         self.cfg = cfg
         self.rot_dim = rot_dim
-        inv_freq, mscale = rope_frequencies(cfg, rot_dim) if rot_dim else (torch.zeros(0), 1.0)
+        inv_freq, self.mscale = self._frequencies()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.mscale = mscale
+
+    def _frequencies(self) -> tuple[torch.Tensor, float]:
+        """The inverse frequencies (rot_dim / 2,) and the attention scale of the config."""
+        return rope_frequencies(self.cfg, self.rot_dim) if self.rot_dim else (torch.zeros(0), 1.0)
 
     def make_buffers(self, device: torch.device | str = "cpu") -> None:
         """The frequency buffer made anew on ``device`` (a module built on the meta device
         holds none: it is computed, never loaded)."""
-        self.inv_freq = (rope_frequencies(self.cfg, self.rot_dim)[0] if self.rot_dim else torch.zeros(0)).to(device)
+        self.inv_freq = self._frequencies()[0].to(device)
 
     def cos_sin(self, positions_BT: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions_BT, self.inv_freq, self.mscale, dtype)
