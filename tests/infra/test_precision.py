@@ -41,6 +41,27 @@ def test_a_busy_machines_timing_does_not_flip_native_bf16_to_fp32():
     assert not cpu_native_bf16(flags, timing=(0.0004, 0.0004 * EMULATED_RATIO * 1.01))[0]
 
 
+def test_the_matmul_timing_runs_on_one_thread_and_gives_the_threads_back(monkeypatch):
+    """With several threads, a core another process holds stalls every product at the
+    threads' barrier and can time fp32 as slowly as emulated bf16: the timing runs on one."""
+    import time
+
+    from gatedattn.infra import precision
+
+    seen = []
+    clock = time.perf_counter
+    monkeypatch.setattr(precision.time, "perf_counter", lambda: seen.append(torch.get_num_threads()) or clock())
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fp32_s, bf16_s = precision.matmul_timing.__wrapped__(repeats=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}
+    assert fp32_s > 0 and bf16_s > 0
+
+
 def test_emulated_avx2_machine_resolves_to_fp32():
     """A real AVX2-only run (forced through the environment) picks fp32 by measurement."""
     import subprocess

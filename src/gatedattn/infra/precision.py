@@ -84,18 +84,26 @@ def cpu_native_bf16(flags: frozenset[str] | None = None,
 
 @functools.lru_cache(maxsize=1)
 def matmul_timing(repeats: int = 5) -> tuple[float, float]:
-    """Best-of-``repeats`` seconds of one 256x512 @ 512x512 product in fp32 and in bf16."""
+    """Best-of-``repeats`` seconds of one 256x512 @ 512x512 product in fp32 and in bf16, on
+    one thread: with several, a core that another process holds stalls every product at the
+    threads' barrier, so a busy machine could time fp32 as slowly as emulated bf16 and pick
+    bf16 where it is emulated. One thread keeps the ratio the kernels' own."""
     a, b = torch.randn(256, 512), torch.randn(512, 512)
     best = []
-    for dtype in (torch.float32, torch.bfloat16):
-        x, y = a.to(dtype), b.to(dtype)
-        x @ y  # warm-up
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - t0)
-        best.append(min(times))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            x, y = a.to(dtype), b.to(dtype)
+            x @ y  # warm-up
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                x @ y
+                times.append(time.perf_counter() - t0)
+            best.append(min(times))
+    finally:
+        torch.set_num_threads(threads)
     return best[0], best[1]
 
 
