@@ -53,6 +53,32 @@ def test_ratio_claims_need_the_factor():
     assert compare(r, "gated", "baseline", "f_attn", min_ratio=0.5).status == HELD
 
 
+def test_a_factor_within_the_seeds_noise_is_not_measurable():
+    """The ratio of the means past the factor is not enough: the factor itself must hold beyond
+    seed noise (a 0.45 ratio from noisy seeds reads 0.51 on the next CPU)."""
+    noisy = results(baseline={"f_attn": stat(0.40, 0.50, 0.60)}, gated={"f_attn": stat(0.15, 0.22, 0.31)})
+    v = compare(noisy, "gated", "baseline", "f_attn", min_ratio=0.5)
+    assert v.status == NOT_MEASURABLE and "(ratio 0.45)" in v.measured and "within seed noise" in v.measured
+    clear = results(baseline={"f_attn": stat(0.49, 0.50, 0.51)}, gated={"f_attn": stat(0.21, 0.22, 0.23)})
+    assert compare(clear, "gated", "baseline", "f_attn", min_ratio=0.5).status == HELD
+    # higher is better: the better variant must be beyond 1 / min_ratio times the worse, beyond noise
+    up = results(a={"m": stat(2.4, 2.45, 2.5)}, b={"m": stat(0.98, 1.0, 1.02)})
+    assert compare(up, "a", "b", "m", lower_is_better=False, min_ratio=0.5).status == HELD
+    edge = results(a={"m": stat(1.6, 2.2, 2.8)}, b={"m": stat(0.98, 1.0, 1.02)})
+    assert compare(edge, "a", "b", "m", lower_is_better=False, min_ratio=0.5).status == NOT_MEASURABLE
+
+
+def test_at_least_and_below_read_the_band_not_the_mean():
+    from gatedattn.reproduce.verdicts import at_least, below
+
+    assert at_least(stat(0.6, 0.62, 0.61), 0.5, "x").status == HELD
+    assert at_least(stat(0.4, 0.42, 0.41), 0.5, "x").status == NOT_HELD
+    assert at_least(stat(0.56, 0.51, 0.51), 0.5, "x").status == NOT_MEASURABLE  # every seed above, the band is not
+    assert at_least(stat(0.5), 0.5, "x").status == HELD and below(stat(0.5), 0.5, "x").status == NOT_HELD
+    assert below(stat(0.44, 0.36, 0.48), 0.5, "x").status == NOT_MEASURABLE
+    assert below(stat(0.3, 0.31, 0.32), 0.5, "x").status == HELD
+
+
 def test_missing_variant_is_not_measurable():
     assert compare(results(baseline={"val_loss": stat(4.0)}), "gated", "baseline", "val_loss").status == NOT_MEASURABLE
 

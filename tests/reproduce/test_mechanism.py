@@ -227,10 +227,16 @@ def test_removal_claims_need_the_baseline_sink():
     assert row["verdict"] == NOT_MEASURABLE and "≥ 3× uniform" in row["measured"]  # 2.9x is not a sink to remove
 
 
-def test_sink_claim_needs_every_seed():
-    one_low = {**BASE, "bos_attn_ordinary": stat(0.9, 0.9, 0.4)}  # mean 0.73, one seed short
+def test_sink_claim_is_judged_beyond_seed_noise():
+    """0.5 inside the seeds' band (mean ± 2·std) reads not measurable: one seed short of the
+    line does not fail the claim, and two seeds just over it do not carry it."""
+    one_low = {**BASE, "bos_attn_ordinary": stat(0.9, 0.9, 0.4)}  # mean 0.73, std 0.29
     row = verdicts(baseline=one_low)["mech-sink"]
-    assert row["verdict"] == NOT_HELD and "0.400" in row["measured"]
+    assert row["verdict"] == NOT_MEASURABLE and "0.400" in row["measured"] and "within seed noise" in row["measured"]
+    edge = {**BASE, "bos_attn_ordinary": stat(0.52, 0.51, 0.47)}
+    assert verdicts(baseline=edge)["mech-sink"]["verdict"] == NOT_MEASURABLE
+    assert verdicts(baseline={**BASE, "bos_attn_ordinary": stat(0.42, 0.41, 0.45)})["mech-sink"]["verdict"] == NOT_HELD
+    assert verdicts(baseline={**BASE, "bos_attn_ordinary": stat(0.62, 0.61, 0.65)})["mech-sink"]["verdict"] == HELD
 
 
 def _norms(v_bos, v_other, h_bos, h_other):
@@ -239,18 +245,21 @@ def _norms(v_bos, v_other, h_bos, h_other):
 
 
 def test_drain_and_peak_claims():
-    drained = {**BASE, **_norms((1, 1, 1), (4, 4, 2.5), (30, 30, 30), (10, 12, 14))}
+    drained = {**BASE, **_norms((1, 1, 1), (4, 4, 2.5), (30, 30, 30), (10, 11, 12))}
     rows = verdicts(baseline=drained, gated=_norms((3, 3, 3), (4, 4, 4), (10, 10, 10), (10, 10, 10)))
     assert rows["mech-drain"]["verdict"] == HELD and rows["mech-peak"]["verdict"] == HELD
     assert rows["mech-drain-gated"]["verdict"] == HELD and rows["mech-peak-gated"]["verdict"] == HELD
-    # one gated seed still drained: the drain did not vanish
+    # one gated seed still drained: the line lies within the seeds' noise
     rows = verdicts(baseline=drained, gated=_norms((3, 3, 1), (4, 4, 4), (10, 10, 10), (10, 10, 10)))
+    assert rows["mech-drain-gated"]["verdict"] == NOT_MEASURABLE
+    # every gated seed still drained: the drain did not vanish
+    rows = verdicts(baseline=drained, gated=_norms((1, 1, 1), (4, 4, 4), (10, 10, 10), (10, 10, 10)))
     assert rows["mech-drain-gated"]["verdict"] == NOT_HELD
-    # one baseline seed without the drain: the drain claim fails and its removal is not measurable
+    # one baseline seed without the drain: within noise, so its removal is not measurable; no peak: fails
     partial = {**BASE, **_norms((1, 1, 3), (4, 4, 4), (5, 5, 5), (10, 10, 10))}
     rows = verdicts(baseline=partial, gated=_norms((3, 3, 3), (4, 4, 4), (10, 10, 10), (10, 10, 10)))
-    assert rows["mech-drain"]["verdict"] == NOT_HELD and rows["mech-peak"]["verdict"] == NOT_HELD
-    assert rows["mech-drain-gated"]["verdict"] == NOT_MEASURABLE and "0.75" in rows["mech-drain-gated"]["measured"]
+    assert rows["mech-drain"]["verdict"] == NOT_MEASURABLE and rows["mech-peak"]["verdict"] == NOT_HELD
+    assert rows["mech-drain-gated"]["verdict"] == NOT_MEASURABLE and "0.42" in rows["mech-drain-gated"]["measured"]
 
 
 def test_claims_read_the_baseline_strongest_layer():
@@ -286,12 +295,12 @@ def test_learnable_sink_claim():
     # left unmeasurable: the sink's own share decides
     ignored = dict(bos_attn_ordinary=stat(0.6, 0.55, 0.62), sink_mass_ordinary=stat(0.001, 0.0, 0.002))
     row = verdicts(baseline=BASE, sink=ignored)["mech-learnable-sink"]
-    assert row["verdict"] == NOT_HELD and "in 3 of 3 seeds the sink takes under half" in row["measured"]
+    assert row["verdict"] == NOT_HELD and "the sink takes under half" in row["measured"]
     assert "seeds 0.001, 0.000, 0.002" in row["measured"]
-    # every seed must hold: one seed whose BOS keeps its attention fails the claim
+    # one seed whose BOS keeps its attention: the line lies within the seeds' noise
     one_seed = dict(bos_attn_ordinary=stat(0.05, 0.5, 0.05), sink_mass_ordinary=stat(0.7, 0.4, 0.69))
     row = verdicts(baseline=BASE, sink=one_seed)["mech-learnable-sink"]
-    assert row["verdict"] == NOT_HELD and "in 1 of 3 seeds BOS keeps over 0.5×" in row["measured"]
+    assert row["verdict"] == NOT_MEASURABLE and "lies within seed noise of what BOS keeps" in row["measured"]
     both = verdicts(baseline=BASE, sink=ignored, **{"hyga-sink": took})
     assert both["mech-learnable-sink-hyga"]["verdict"] == HELD and both["mech-learnable-sink"]["verdict"] == NOT_HELD
     assert verdicts(baseline=BASE, **{"hyga-sink": dict(bos_attn_ordinary=stat(0.05, 0.06, 0.05))})[

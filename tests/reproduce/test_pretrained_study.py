@@ -365,7 +365,20 @@ def test_claims_are_judged_by_their_rules():
     noisy = _results()
     noisy["arms"]["control"]["recovered"] = {"mean": 0.9, "std": 0.3, "values": [0.7, 1.1]}
     nv = _verdicts(noisy)
-    assert nv["lm-sink-arm"] == "not measurable" and nv["lm-control"] == "did not hold"
+    assert nv["lm-sink-arm"] == "not measurable" and nv["lm-control"] == "not measurable"  # 0.5 within its noise
+    noisy["arms"]["control"]["recovered"] = {"mean": 0.725, "std": 0.035, "values": [0.7, 0.75]}
+    assert _verdicts(noisy)["lm-control"] == "did not hold"
+    # a line inside the data orders' band (mean ± 2·std) reads not measurable, whichever side the orders fall:
+    # r of -0.56, -0.49, -0.49 and of -0.56, -0.51, -0.51 came from the same study on two CPUs
+    for rs in ([-0.56, -0.49, -0.49], [-0.56, -0.51, -0.51]):
+        edge = _results()
+        edge["arms"]["gate-headwise"]["gate_r"] = {"mean": sum(rs) / 3, "std": 0.04, "values": rs}
+        assert _verdicts(edge)["lm-gate-heads"] == "not measurable"
+    edge["arms"]["gate-headwise"]["gate_r"] = {"mean": -0.7, "std": 0.02, "values": [-0.72, -0.7, -0.68]}
+    assert _verdicts(edge)["lm-gate-heads"] == "held"
+    edge["arms"]["sink"]["recovered"] = {"mean": 0.52, "std": 0.03, "values": [0.49, 0.55, 0.52]}
+    row = next(r for r in C.judge(edge) if r["key"] == "lm-sink-arm")
+    assert row["verdict"] == "not measurable" and "0.5 lies within seed noise" in row["measured"]
     # streaming is judged by its perplexity ratio, not its direction: most of the gap back is not enough
     near = _results()
     near["streaming"]["late_mean"]["sink"] = 3.1  # 90 % of the gap closed, perplexity 1.105 x

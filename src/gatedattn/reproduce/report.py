@@ -208,7 +208,8 @@ def _write_text_report(results: dict, out: Path, sections: Sequence[Section],
     lines += [
         "",
         f"*held*: the measured difference goes the paper's way (F-Attn, Sink and M-Act claims: the gated value at most {100 * REDUCTION:.0f} % of the baseline's; beyond seed noise where several seeds ran: "
-        "|Δmean| > 2·√(σ₁² + σ₂²)); *did not hold*: it goes the other way; *not measurable*: within noise, "
+        "|Δmean| > 2·√(σ₁² + σ₂²), and the factor itself beyond it; a figure against a line: the band mean ± 2σ "
+        "on the claim's side); *did not hold*: it goes the other way; *not measurable*: within noise, "
         "not run, or the effect needs more tokens than this budget. Sink claims are judged only where the baseline "
         f"shows a sink by the measure the claim is about (F-Attn claims: F-Attn, averaged or at the strongest layer, "
         f"≥ {SINK_OVER_UNIFORM:g}× the uniform value (1/T)·Σ_{{i=1..T}} 1/(i+1); the Sink^ε claim: a baseline head "

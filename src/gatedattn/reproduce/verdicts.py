@@ -10,9 +10,13 @@ returns a ``Verdict``:
 - ``not measurable``: within seed noise, the needed variant or study was not run, or
   the effect the claim needs did not form at this budget.
 
-A claim that a metric stays under a line (:func:`below`) holds when the mean plus twice the
-seeds' std is under it, fails when the mean minus that is at or above it, and is not
-measurable when the line lies within that noise.
+A claim that a metric stays under a line (:func:`below`) or reaches one (:func:`at_least`)
+holds when the whole band mean ± 2·std over the seeds is on the claim's side, fails when
+it is all on the other, and is not measurable when the line lies within that noise; a
+claim that one variant is a factor below another (``compare(..., min_ratio=)``) holds only
+where the factor, not just the ratio of the means, is beyond the seeds' noise. A figure at
+its line's edge would otherwise read one way here and the other on the next seed, text or
+CPU.
 
 A claim about *removing* a phenomenon is judged only where the baseline shows it:
 
@@ -140,27 +144,72 @@ def compare_metrics(results: dict, variant: str, higher: str, lower: str, *, lab
     return Verdict(HELD if a["mean"] > b["mean"] else NOT_HELD, text + suffix)
 
 
+def _line(values: list[float], limit: float, text: str, k: float, above: bool) -> Verdict:
+    """Is a metric over seeds on its side of ``limit`` (at or above it where ``above``, under
+    it otherwise), beyond seed noise where two or more seeds ran? ``held`` when the whole
+    band mean ± k·std is on that side, ``did not hold`` when it is all on the other, ``not
+    measurable`` when the line lies inside it: a figure that close to its line could read
+    either way on the next seed, text or CPU."""
+    mean, std = mean_std(values)
+    if not math.isfinite(mean):
+        return Verdict(NOT_MEASURABLE, text + " (a run diverged)")
+    side = (lambda v: v >= limit) if above else (lambda v: v < limit)
+    if len(values) < 2 or not math.isfinite(std):
+        return Verdict(HELD if side(mean) else NOT_HELD, text + "; one seed, so seed noise is unknown")
+    low, high = mean - k * std, mean + k * std
+    if side(low) and side(high):
+        return Verdict(HELD, text)
+    if not side(low) and not side(high):
+        return Verdict(NOT_HELD, text)
+    return Verdict(NOT_MEASURABLE, text + f"; {limit:g} lies within seed noise of the mean")
+
+
 def below(stat: dict, limit: float, text: str, k: float = 2.0) -> Verdict:
     """Is a metric over seeds (``{"mean", "values"}``) under ``limit``, beyond seed noise where
     two or more seeds ran? ``held`` when mean + k·std < limit, ``did not hold`` when
     mean − k·std >= limit, else ``not measurable`` (the line lies within the seeds' noise)."""
-    values = stat.get("values") or [stat["mean"]]
-    mean, std = mean_std(values)
-    if not math.isfinite(mean):
-        return Verdict(NOT_MEASURABLE, text + " (a run diverged)")
-    if len(values) < 2 or not math.isfinite(std):
-        return Verdict(HELD if mean < limit else NOT_HELD, text + "; one seed, so seed noise is unknown")
-    if mean + k * std < limit:
-        return Verdict(HELD, text)
-    if mean - k * std >= limit:
-        return Verdict(NOT_HELD, text)
-    return Verdict(NOT_MEASURABLE, text + f"; {limit:g} lies within seed noise of the mean")
+    return _line(stat.get("values") or [stat["mean"]], limit, text, k, above=False)
+
+
+def at_least(stat: dict, limit: float, text: str, k: float = 2.0) -> Verdict:
+    """Is a metric over seeds at or above ``limit``, beyond seed noise where two or more seeds
+    ran? ``held`` when mean − k·std >= limit, ``did not hold`` when mean + k·std < limit,
+    else ``not measurable``."""
+    return _line(stat.get("values") or [stat["mean"]], limit, text, k, above=True)
+
+
+def factor_beyond_noise(a: list[float], b: list[float], ratio: float, k: float = 2.0) -> bool | None:
+    """Whether ``mean(a)`` is below ``ratio · mean(b)`` by more than seed noise: the gap
+    ``mean(a) − ratio·mean(b)`` against k·√(std_a² + ratio²·std_b²). None where fewer than two
+    seeds ran on either side or a figure is not finite."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
+    if not all(math.isfinite(v) for v in (mean_a, std_a, mean_b, std_b)):
+        return None
+    return ratio * mean_b - mean_a > k * math.hypot(std_a, ratio * std_b)
+
+
+def _short_of_factor(a: dict, b: dict, min_ratio: float, lower_is_better: bool, noise: bool | None) -> str | None:
+    """Why a difference that goes the claim's way does not reach the factor ``min_ratio``
+    (``a`` the better variant's figure, ``b`` the worse one's), None where it does: the ratio
+    of the means short of it, or, with seed noise known (``noise``), the factor itself within
+    that noise."""
+    ratio = a["mean"] / b["mean"]
+    need = f"the {100 * (1 - min_ratio):.0f} % this claim needs"
+    if not (ratio <= min_ratio if lower_is_better else ratio >= 1 / min_ratio):
+        return f"lower, but not by {need}"
+    small, large = (a["values"], b["values"]) if lower_is_better else (b["values"], a["values"])
+    if noise and not factor_beyond_noise(small, large, min_ratio):
+        return f"{need} lies within seed noise"
+    return None
 
 
 def compare(results: dict, better: str, worse: str, metric: str, *, lower_is_better: bool = True,
             min_ratio: float | None = None, label: str | None = None) -> Verdict:
     """Does ``better`` beat ``worse`` on ``metric``? ``min_ratio`` asks for a factor
-    (e.g. 0.5: ``better`` at most half of ``worse``) rather than any difference."""
+    (e.g. 0.5: ``better`` at most half of ``worse``, beyond seed noise) rather than any
+    difference."""
     a, b = summary_metric(results, better, metric), summary_metric(results, worse, metric)
     label = label or metric
     if a is None or b is None:
@@ -171,17 +220,15 @@ def compare(results: dict, better: str, worse: str, metric: str, *, lower_is_bet
         return Verdict(NOT_MEASURABLE, text + " (a run diverged)")
     if a["mean"] == b["mean"]:
         return Verdict(NOT_MEASURABLE, text + "; no difference")
-    sign = 1 if lower_is_better else -1
-    goes_right = sign * (a["mean"] - b["mean"]) < 0
-    weak = False
-    if min_ratio is not None and b["mean"] != 0:
-        ratio = a["mean"] / b["mean"]
-        text += f" (ratio {ratio:.2f})"
-        weak = goes_right and not (ratio <= min_ratio if lower_is_better else ratio >= 1 / min_ratio)
+    goes_right = (a["mean"] < b["mean"]) == lower_is_better
+    factored = min_ratio is not None and b["mean"] != 0
+    if factored:
+        text += f" (ratio {a['mean'] / b['mean']:.2f})"
     noise = differs_beyond_noise(a["values"], b["values"])
     if noise is False:
         return Verdict(NOT_MEASURABLE, text + "; the difference is within seed noise")
     suffix = "" if noise else "; one seed, so seed noise is unknown"
-    if weak:
-        return Verdict(NOT_MEASURABLE, text + f"; lower, but not by the {100 * (1 - min_ratio):.0f} % this claim needs" + suffix)
+    short = _short_of_factor(a, b, min_ratio, lower_is_better, noise) if factored and goes_right else None
+    if short:
+        return Verdict(NOT_MEASURABLE, text + "; " + short + suffix)
     return Verdict(HELD if goes_right else NOT_HELD, text + suffix)

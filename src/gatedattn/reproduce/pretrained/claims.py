@@ -10,14 +10,17 @@ Rules (the thresholds are named constants below):
 - an arm's recovery is what it is *credited* with: min(paired, unpaired), and 0 where its
   held-out kept-mode loss rose by more than the study's ``kept_tol`` (paired: first token
   dropped vs kept, same batches; unpaired: against the untouched model). An arm *takes
-  the first token's role* when its credited recovery is at least ``RECOVERS`` in every
-  data order and beyond the control's by seed noise (|Δmean| > 2·√(σ₁² + σ₂²)); *did not
-  hold* below ``RECOVERS``, or where the control is beyond it by seed noise; *not
-  measurable* where the two are within seed noise or no window needed the first token;
+  the first token's role* when its credited recovery is at least ``RECOVERS`` beyond seed
+  noise (mean − 2·std over the data orders) and beyond the control's (|Δmean| >
+  2·√(σ₁² + σ₂²)); *did not hold* below ``RECOVERS`` beyond noise (mean + 2·std), or where
+  the control is beyond it; *not measurable* where ``RECOVERS`` lies within the orders'
+  noise, the arm is within noise of the control, or no window needed the first token (the
+  control's own claim, under ``RECOVERS``, by the same band);
 - streaming holds where the perplexity with the trained sink is within ``STREAM_RATIO``
   of the perplexity with the first token kept, past the first window;
 - the per-head claims need a Pearson r of at least ``HEAD_R`` (sink probability rising,
-  gate score falling, with the untouched model's first-token attention per head).
+  gate score falling, with the untouched model's first-token attention per head), beyond
+  the data orders' noise by the same band; a line inside the band is *not measurable*.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from typing import Any, Callable
 
 from gatedattn.analysis.metrics import differs_beyond_noise
 from gatedattn.reproduce.verdicts import (
-    HELD, MASSIVE_RATIO, NOT_HELD, NOT_MEASURABLE, REDUCTION, SINK_OVER_UNIFORM, Verdict, uniform_first_token_attention,
+    HELD, MASSIVE_RATIO, NOT_HELD, NOT_MEASURABLE, REDUCTION, SINK_OVER_UNIFORM, Verdict, at_least, below,
+    uniform_first_token_attention,
 )
 
-RECOVERS = 0.5  # an arm must close at least half of the first token's loss gap, in every data order
+RECOVERS = 0.5  # an arm must close at least half of the first token's loss gap, beyond the orders' noise
 HEAD_R = 0.5  # per-head correlation a "lands on the sink heads" claim needs
 NOOP_SHARE = 0.1  # full attention may lose at most this share of the window's gap
 MIN_GAP_SE = 4.0  # the window's gap must be this many standard errors
@@ -126,19 +130,17 @@ def _takes_role(arm: str) -> Callable[[dict], Verdict]:
             text += f"; control {_fmt_rec(control)}"
         if not vals:
             return Verdict(NOT_MEASURABLE, text)
+        line = at_least({"values": vals}, RECOVERS, text)
         if control is not None and arm != "control":
             beyond = differs_beyond_noise(vals, [v for v in control["values"] if v is not None])
             if beyond and rec["mean"] < control["mean"]:
                 return Verdict(NOT_HELD, text + "; below the control beyond seed noise")
-            if min(vals) < RECOVERS:
-                return Verdict(NOT_HELD, text)
+            if line.status != HELD:
+                return line
             if beyond is False:
                 return Verdict(NOT_MEASURABLE, text + "; not beyond the control by seed noise")
-            if beyond is None:
-                text += "; one data order, so seed noise is unknown"
-        elif min(vals) < RECOVERS:
-            return Verdict(NOT_HELD, text)
-        return Verdict(HELD, text)
+            return line
+        return line
 
     return _needs_gap(judge)
 
@@ -152,8 +154,7 @@ def _control_fails(r: dict) -> Verdict:
     if not vals:
         return Verdict(NOT_MEASURABLE, "no window needed the first token")
     text = f"control ({arms['control']['params']:,} parameters) credited {_fmt_rec(rec)}"
-    return Verdict(HELD if max(vals) < RECOVERS else NOT_HELD, text)
-
+    return below({"values": vals}, RECOVERS, text)
 
 def _on_sink_heads(arm: str, key: str, sign: int) -> Callable[[dict], Verdict]:
     def judge(r: dict) -> Verdict:
@@ -166,7 +167,7 @@ def _on_sink_heads(arm: str, key: str, sign: int) -> Callable[[dict], Verdict]:
                 f"{'sink probability' if key == 'sink' else 'gate score'} {a[f'{key}_mean']:.3f}")
         if not vals:
             return Verdict(NOT_MEASURABLE, text)
-        return Verdict(HELD if min(sign * v for v in vals) >= HEAD_R else NOT_HELD, text)
+        return at_least({"values": [sign * v for v in vals]}, HEAD_R, text)
 
     return _needs_gap(judge)
 
