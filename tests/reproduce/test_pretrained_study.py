@@ -77,6 +77,37 @@ def test_an_arm_starts_as_the_model_and_trains_only_its_own_parameters(micro, ar
                for n, p in model.named_parameters() if id(p) in trained)
 
 
+def test_a_frozen_arm_step_forms_no_weight_gradient(micro):
+    """The matrix products of one sink-arm step (forward and backward) are the forward's and
+    the input gradients': twice the forward's, less the first trained layer's q/k/v
+    projections, whose input (the cached stream) needs no gradient. A weight gradient of the
+    frozen model would add its own products."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    rows, start = _rows(), 1
+    sinks = [torch.zeros(micro.cfg.attention.n_heads)] * len(micro.blocks)
+    model, _ = build_arm(micro, ARM_SPECS["sink"], start, sinks)
+    hidden, targets = prefix(model, rows[:, :-1], start, 4, DROPPED), rows[:, 1:]
+    aten = torch.ops.aten
+
+    def products(step) -> int:
+        with FlopCounterMode(display=False) as counter:
+            step()
+        return sum(n for op, n in counter.get_flop_counts()["Global"].items() if op in (aten.mm, aten.addmm))
+
+    def step():
+        tail_losses(model, hidden, targets, start, 4, DROPPED).mean().backward()
+
+    with torch.no_grad():
+        forward = products(lambda: tail_losses(model, hidden, targets, start, 4, DROPPED))
+        qkv = products(lambda: model.blocks[start].attn.qkv(model.blocks[start].attn_norm(hidden)))
+    assert forward > qkv > 0
+    assert products(step) == 2 * forward - qkv
+    for name, p in model.named_parameters():  # the same step with the tail's weights trainable
+        p.requires_grad_(p.requires_grad or name.startswith(f"blocks.{start}."))
+    assert products(step) > 2 * forward - qkv
+
+
 def test_the_sink_arm_starts_at_the_measured_logit_or_zero_in_the_layers_it_trains_and_absent_below(micro):
     logits = first_token_logits(micro, _rows()[:, :-1], 4)
     model, groups = build_arm(micro, ARM_SPECS["sink"], 1, logits)

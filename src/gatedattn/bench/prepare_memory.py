@@ -3,7 +3,8 @@
 Writes a synthetic Parquet file of about --mb megabytes of text (documents of Zipf-
 distributed pseudo-words, row groups of --row-group rows), then runs
 `gatedattn data prepare --input FILE` in a child process and prints the child's peak
-resident memory next to the input size. Run it at two sizes to see that the peak does
+resident memory (its own ``VmHWM``, which does not count what this process holds) next to
+the input size. Run it at two sizes to see that the peak does
 not grow with the input:
 
     python -m gatedattn.bench.prepare_memory --mb 100 400
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-CHILD = "import sys; from gatedattn.cli import main; sys.exit(main(sys.argv[1:]))"
+# the child runs the command, then writes its own peak (VmHWM) to the file its first argument names
+CHILD = ("import sys, pathlib; from gatedattn.cli import main; from gatedattn.bench.load import peak_rss_bytes; "
+         "code = main(sys.argv[2:]); pathlib.Path(sys.argv[1]).write_text(str(peak_rss_bytes())); sys.exit(code)")
 
 
 def write_parquet(path: Path, mb: float, row_group: int, seed: int = 0) -> tuple[int, int]:
@@ -59,18 +61,17 @@ def run(mb: float, work: Path, vocab_size: int, row_group: int) -> dict:
     made = time.perf_counter() - t0
     out = work / f"prepared_{mb:g}mb"
     argv = ["data", "prepare", "--input", str(src), "--out", str(out), "--vocab-size", str(vocab_size), "--force"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    peak_file = work / f"peak_{mb:g}mb"
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", CHILD, *argv], check=True)
+    subprocess.run([sys.executable, "-c", CHILD, str(peak_file), *argv], check=True)
     wall = time.perf_counter() - t0
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    peak = int(peak_file.read_text())  # the child's own: ru_maxrss of children would carry this process's peak
+    peak_file.unlink()
     manifest = json.loads((out / "manifest.json").read_text())
     result = {
         "input_mb": round(src.stat().st_size / 1e6, 1), "text_mb": round(text_bytes / 1e6, 1), "documents": docs,
         "tokens": manifest["train"]["tokens"] + manifest["val"]["tokens"], "vocab": manifest["vocab_size"],
-        "prepare_s": round(wall, 1), "write_input_s": round(made, 1),
-        # ru_maxrss of children is the largest peak of any child so far; sizes run smallest first
-        "peak_rss_mb": round(peak_kb / 1024, 1), "peak_rss_of_earlier_runs_mb": round(before / 1024, 1),
+        "prepare_s": round(wall, 1), "write_input_s": round(made, 1), "peak_rss_mb": round(peak / 2**20, 1),
     }
     shutil.rmtree(out)
     src.unlink()
