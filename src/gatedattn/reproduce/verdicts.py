@@ -182,12 +182,9 @@ def factor_beyond_noise(a: list[float], b: list[float], ratio: float, k: float =
     """Whether ``mean(a)`` is below ``ratio · mean(b)`` by more than seed noise: the gap
     ``mean(a) − ratio·mean(b)`` against k·√(std_a² + ratio²·std_b²). None where fewer than two
     seeds ran on either side or a figure is not finite."""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
-    if not all(math.isfinite(v) for v in (mean_a, std_a, mean_b, std_b)):
-        return None
-    return ratio * mean_b - mean_a > k * math.hypot(std_a, ratio * std_b)
+    scaled = [ratio * v for v in b]
+    beyond = differs_beyond_noise(a, scaled, k)  # the difference rule, on ratio · b
+    return beyond and mean_std(a)[0] < mean_std(scaled)[0] if beyond is not None else None
 
 
 def _short_of_factor(a: dict, b: dict, min_ratio: float, lower_is_better: bool, noise: bool | None) -> str | None:
