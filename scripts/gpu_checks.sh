@@ -32,7 +32,7 @@ step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember failures
 sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')" || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 
-step cuda-tests "$PY" -m pytest -q tests/ops/test_ops.py -k cuda
+step cuda-tests "$PY" -m pytest -q tests/ops/test_ops.py tests/models/test_static_decode.py -k cuda
 step bench "$PY" -m gatedattn.cli bench --device cuda --dtype auto --compile --json --out "$OUT/bench-gpu.json"
 if [ -f "$OUT/bench-gpu.json" ]; then
     "$PY" -c "import json, sys; from gatedattn.bench.report import format_markdown; \

@@ -580,6 +580,32 @@ def test_a_load_that_fails_in_its_child_is_one_line_naming_the_loader(tmp_path):
         load_row(tmp_path / "missing.gguf", repeats=1, threads=1)
 
 
+def test_decode_bench_times_eager_and_compiled_paths_of_both_on_the_same_file(llama_file):
+    """Every path's tokens come from the same weights (ours eager and transformers' agree on
+    this fp32 file), each compiled path's compile is paid before the rounds and measured,
+    and the break-even follows from the compile and the time a token saves. Compiled by
+    AOT autograd (seconds); ``gatedattn bench --decode`` compiles with inductor."""
+    from gatedattn.bench.decode import PATHS, format_decode, run_decode_bench
+
+    path, _ = llama_file
+    res = run_decode_bench(path, dtype="fp32", prompt=5, new=6, repeats=2, warmup=0, backend="aot_eager")
+    rows = {r["path"]: r for r in res["rows"]}
+    assert list(rows) == list(PATHS)
+    for name, row in rows.items():
+        assert len(row["samples"]) == 2 and row["seconds"] == statistics.median(row["samples"])
+        assert row["vs_transformers_eager"] == pytest.approx(rows["transformers eager"]["seconds"] / row["seconds"])
+        assert row["per_token_s"] == pytest.approx(row["seconds"] / 6)
+        assert row["vs_transformers_eager_rounds"] == [h / o for h, o in zip(rows["transformers eager"]["samples"],
+                                                                             row["samples"])]
+        assert row["vs_transformers_eager_paired"] == statistics.median(row["vs_transformers_eager_rounds"])
+    assert res["same_tokens"] == {"ours compiled": True, "transformers eager": True}
+    assert all(s >= 0 for s in res["compile_s"].values()) and res["backend"] == "aot_eager"
+    saved = (rows["ours eager"]["seconds"] - rows["ours compiled"]["seconds"]) / 6
+    assert res["break_even_tokens"] == (pytest.approx(res["compile_s"]["ours compiled"] / saved) if saved > 0 else None)
+    text = format_decode(res)
+    assert "| ours compiled |" in text and "transformers static + compile" in text and "aot_eager" in text
+
+
 def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama_file, capsys, tmp_path, monkeypatch):
     from gatedattn.cli import main
 
@@ -614,3 +640,11 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
     assert 3 * fwd <= rows["train"]["ours_products"]["flops"] < 4 * fwd
     assert main(["bench", "--real-model", str(path), "--variants", "gated"]) == 2
     assert "--variants do not apply to --real-model" in capsys.readouterr().err
+    assert main(["bench", "--decode", str(path), "--compile"]) == 2
+    assert "--compile do not apply to --decode" in capsys.readouterr().err
+    assert main(["bench", "--decode", str(path), "--real-model", str(path)]) == 2
+    assert "--real-model and --decode are two benches" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    for bench in ("--decode", "--real-model"):  # the bundled model (no PATH) is no input an --out could overlap
+        assert main(["bench", bench, "--out", "here.json", "--variants", "gated"]) == 2
+        assert f"--variants do not apply to {bench}" in capsys.readouterr().err

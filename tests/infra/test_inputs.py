@@ -34,6 +34,7 @@ OPTIONS = {
     "generate --tokenizer": ["generate", "--model", "M", "--tokenizer", "X", "--prompt", "hi"],
     "convert --from": ["convert", "--from", "X", "--to", "OUT"],
     "bench --real-model": ["bench", "--quick", "--real-model", "X"],
+    "bench --decode": ["bench", "--quick", "--decode", "X"],
     "reproduce --data": ["reproduce", "--data", "X", "--out", "OUT"],
     "reproduce --model": ["reproduce", "--model", "X", "--out", "OUT"],
     "reproduce --fold": ["reproduce", "--fold", "X", "--out", "OUT"],

@@ -150,9 +150,10 @@ def test_check_memory_names_the_options_the_estimate_and_the_limit(monkeypatch):
                             "windows 1.0 GB); this cpu has 3.0 GB available: lower --batch-size or --seq-len")
 
 
+@pytest.mark.parametrize("bench", ["--real-model", "--decode"])
 @pytest.mark.parametrize("flag, low", [("--repeats", 1), ("--warmup", 0)])
-def test_real_model_bench_rounds_are_bounded_before_the_model_is_read(tmp_path, capsys, no_loading, flag, low):
-    code, err = run(capsys, "bench", "--real-model", tmp_path / "missing", flag, 10**12)
+def test_real_model_bench_rounds_are_bounded_before_the_model_is_read(tmp_path, capsys, no_loading, flag, low, bench):
+    code, err = run(capsys, "bench", bench, tmp_path / "missing", flag, 10**12)
     assert code == 2 and err == [f"gatedattn bench: error: {flag} must be an integer in [{low}, 10,000], "
                                  f"got {10**12}"], err
 

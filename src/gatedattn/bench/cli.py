@@ -39,9 +39,15 @@ def _run(args: argparse.Namespace) -> int:
     from gatedattn.bench.runner import run_bench  # lazy: --help must not import torch
 
     if args.out is not None:  # before minutes of timing, not after
-        check_file_output(args.out, "--out", [("--real-model", getattr(args, "real_model", None))])
+        # (an empty PATH is the bundled model, no input of the user's)
+        check_file_output(args.out, "--out", [("--real-model", getattr(args, "real_model", None) or None),
+                                              ("--decode", getattr(args, "decode", None) or None)])
+    if args.real_model is not None and args.decode is not None:
+        raise ConfigError("--real-model and --decode are two benches: give one of them")
     if args.real_model is not None:
         return _run_real_model(args)
+    if args.decode is not None:
+        return _run_decode(args)
     given = {"device": args.device, "dtype": args.dtype, "compile": args.compile}
     if args.variants:
         given["variants"] = args.variants
@@ -81,6 +87,30 @@ def _run_real_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_decode(args: argparse.Namespace) -> int:
+    from gatedattn.bench.config import MAX_ROUNDS  # lazy: --help must not import torch
+    from gatedattn.bench.decode import format_decode, run_decode_bench  # lazy: --help must not import torch
+
+    others = [flag for flag, given in (("--variants", args.variants), ("--compile", args.compile),
+                                       ("--device cuda", args.device == "cuda"), ("--max-spread", args.max_spread),
+                                       ("--time-cap", args.time_cap)) if given]
+    if others:
+        raise ConfigError(f"{', '.join(others)} do not apply to --decode (a CPU comparison with transformers' "
+                          f"generate); it takes --dtype, --repeats, --warmup, --quick, --json and --out")
+    shape = dict(prompt=8, new=4, repeats=1, warmup=0) if args.quick else {}
+    for name in ("repeats", "warmup"):
+        if getattr(args, name) is not None:
+            low = 1 if name == "repeats" else 0
+            if not low <= getattr(args, name) <= MAX_ROUNDS:
+                raise ConfigError(f"--{name} must be an integer in [{low}, {MAX_ROUNDS:,}], got {getattr(args, name)}")
+            shape[name] = getattr(args, name)
+    res = run_decode_bench(args.decode or None, dtype=args.dtype, **shape)
+    if args.out:
+        atomic_write_json(args.out, res)
+    print(json.dumps(res, indent=2) if args.json else format_decode(res))
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("bench", help=HELP, description=(
         "Time one attention layer (forward + backward), a training step, peak memory and cached decoding for "
@@ -111,4 +141,9 @@ def register(sub) -> None:
                         "real-model study's frozen-model step (learnable sinks from its start layer up) and greedy "
                         "decoding, with MFU, each row's products alone and its per-round speedups (5 rounds "
                         "unless --repeats says otherwise)")
-    p.set_defaults(func=_run, **input_options(("--real-model", "real_model")))
+    p.add_argument("--decode", nargs="?", const="", metavar="PATH",
+                   help="instead: greedy decoding of a pretrained model (a .gguf file or a model directory; default "
+                        "the bundled SmolLM2-135M), ours eager and compiled over a static cache against "
+                        "transformers' eager generate and its static cache + torch.compile path, with each "
+                        "compile's seconds and the new tokens from which ours compiled pays for itself")
+    p.set_defaults(func=_run, **input_options(("--real-model", "real_model"), ("--decode", "decode")))

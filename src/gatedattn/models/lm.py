@@ -43,6 +43,8 @@ from gatedattn.infra.sizes import check_memory, check_model_limits, check_model_
 from gatedattn.layers.variants import get_variant
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.code import write_code
+from gatedattn.models.decode import (EagerSteps, StaticSteps, check_compile, compiles, decode_tokens,
+                                     static_capacity)
 from gatedattn.models.shards import read_safetensors as _moved_read_safetensors, read_weights, write_weights
 from gatedattn.models.standard import check_standard_keys, split_standard_keys, standard_keys
 from gatedattn.ops.lm_loss import linear_cross_entropy
@@ -508,12 +510,17 @@ class GatedLM(nn.Module):
     def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, generator: torch.Generator | None = None,
                  use_cache: bool = True, eos_token_id: int | None = None,
-                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 attention_mask: torch.Tensor | None = None, compile: bool | str = "auto") -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after ``ids`` (B, T). ``temperature`` 0 is greedy.
         With ``use_cache`` each step runs one token through the KV cache.
         ``attention_mask`` (B, T) marks left padding with 0 (each row then continues from
-        its own last token; every generated token is real)."""
+        its own last token; every generated token is real). ``compile`` True runs each
+        token through one step compiled by inductor over a static cache (``models.decode``;
+        a backend's name, e.g. ``"aot_eager"``, compiles with that backend), False
+        eagerly; ``"auto"`` compiles where the new tokens reach
+        ``decode.AUTO_MIN_TOKENS``, where the compile pays for itself."""
         check_generate_args(ids, max_new_tokens, temperature, top_k)
+        check_compile(compile)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
         if temperature < 0:
@@ -522,36 +529,26 @@ class GatedLM(nn.Module):
             self._key_mask(attention_mask, ids.shape[0], 0, ids.shape[1])  # its shape and values
             if ids.shape[1] and not bool(attention_mask[:, -1].bool().all()):
                 raise GatedAttnError("generate needs left padding: attention_mask has a 0 in its last column")
-        self._check_generate_size(ids, max_new_tokens, use_cache, generator)
+        backend = compiles(compile, ids.shape[0], max_new_tokens, use_cache)
+        self._check_generate_size(ids, static_capacity(ids.shape[1] + max_new_tokens) if backend else
+                                  ids.shape[1] + max_new_tokens, use_cache, generator)
         was_training = self.training
         self.eval()
-        caches = self.new_cache(ids.shape[1] + max_new_tokens) if use_cache else None
-        out, step_input, mask = ids, ids, attention_mask
-        finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        # under autocast the weights are cast once and swapped in once, not at every step
-        with FrozenCasts(self).applied() as model:
-            for _ in range(max_new_tokens):
-                logits = model(step_input if use_cache else out, caches=caches, attention_mask=mask,
-                               logits_to_keep=1)[:, -1].float()
-                nxt = _sample(logits, temperature, top_k, generator)
-                if eos_token_id is not None:
-                    nxt = torch.where(finished, torch.full_like(nxt, eos_token_id), nxt)
-                    finished |= nxt == eos_token_id
-                out = torch.cat((out, nxt[:, None]), dim=1)
-                if mask is not None:
-                    mask = torch.cat((mask, mask.new_ones(mask.shape[0], 1)), dim=1)
-                step_input = nxt[:, None]
-                if eos_token_id is not None and finished.all():
-                    break
-        self.train(was_training)
-        return out
+        try:
+            # under autocast the weights are cast once and swapped in once, not at every step
+            with FrozenCasts(self).applied() as model:
+                steps = (StaticSteps(model, ids, max_new_tokens, attention_mask, backend) if backend else
+                         EagerSteps(model, ids, max_new_tokens, use_cache, attention_mask))
+                return decode_tokens(steps, ids, max_new_tokens, temperature, top_k, generator, eos_token_id)
+        finally:
+            self.train(was_training)
 
-    def _check_generate_size(self, ids: torch.Tensor, max_new_tokens: int, use_cache: bool,
+    def _check_generate_size(self, ids: torch.Tensor, total: int, use_cache: bool,
                              generator: torch.Generator | None) -> None:
-        """The KV cache of the longest sequence (and the ids) fits the device's memory, and a
+        """The KV cache of ``total`` positions (and the ids) fits the device's memory, and a
         ``generator`` is on the device the sampling runs on; else one line naming them."""
         weight = self.embed.weight
-        total = ids.shape[1] + max_new_tokens
+        max_new_tokens = total - ids.shape[1]
         parts = {"the ids": 8 * ids.shape[0] * total}
         if use_cache:
             parts["the KV cache"] = ids.shape[0] * total * kv_cache_bytes_per_token(self.cfg, weight.element_size())
@@ -614,17 +611,6 @@ def generation_defaults(cfg: ModelConfig) -> dict[str, Any]:
     model's BOS and EOS, and the EOS as padding (Llama's convention) where it has no other."""
     ids = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id}
     return {k: v for k, v in ids.items() if v is not None}
-
-
-def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
-    if temperature == 0:
-        return logits.argmax(-1)
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def load_model_config(directory: Path) -> ModelConfig:
