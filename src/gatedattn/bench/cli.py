@@ -63,52 +63,47 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_real_model(args: argparse.Namespace) -> int:
+def _model_bench(args: argparse.Namespace, flag: str, what: str, quick: dict) -> dict:
+    """The keywords of a bench on a pretrained model (``--real-model``, ``--decode``): the
+    options that do not apply to it refused, ``--quick``'s shape, bounded rounds."""
     from gatedattn.bench.config import MAX_ROUNDS  # lazy: --help must not import torch
-    from gatedattn.bench.real_model import format_real_model, run_real_model_bench  # lazy: --help must not import torch
 
-    others = [flag for flag, given in (("--variants", args.variants), ("--compile", args.compile),
+    others = [name for name, given in (("--variants", args.variants), ("--compile", args.compile),
                                        ("--device cuda", args.device == "cuda"), ("--max-spread", args.max_spread),
                                        ("--time-cap", args.time_cap)) if given]
     if others:
-        raise ConfigError(f"{', '.join(others)} do not apply to --real-model (a CPU comparison with transformers' "
-                          f"LlamaForCausalLM); it takes --dtype, --repeats, --warmup, --quick, --json and --out")
-    shape = dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0, load_repeats=1) if args.quick else {}
+        raise ConfigError(f"{', '.join(others)} do not apply to {flag} (a CPU comparison with {what}); it takes "
+                          f"--dtype, --repeats, --warmup, --quick, --json and --out")
+    shape = dict(quick) if args.quick else {}
     for name in ("repeats", "warmup"):
         if getattr(args, name) is not None:
             low = 1 if name == "repeats" else 0
             if not low <= getattr(args, name) <= MAX_ROUNDS:
                 raise ConfigError(f"--{name} must be an integer in [{low}, {MAX_ROUNDS:,}], got {getattr(args, name)}")
             shape[name] = getattr(args, name)
-    res = run_real_model_bench(args.real_model or None, dtype=args.dtype, **shape)
+    return shape
+
+
+def _report(args: argparse.Namespace, res: dict, markdown) -> int:
     if args.out:
         atomic_write_json(args.out, res)
-    print(json.dumps(res, indent=2) if args.json else format_real_model(res))
+    print(json.dumps(res, indent=2) if args.json else markdown(res))
     return 0
+
+
+def _run_real_model(args: argparse.Namespace) -> int:
+    from gatedattn.bench.real_model import format_real_model, run_real_model_bench  # lazy: --help must not import torch
+
+    shape = _model_bench(args, "--real-model", "transformers' LlamaForCausalLM",
+                         dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0, load_repeats=1))
+    return _report(args, run_real_model_bench(args.real_model or None, dtype=args.dtype, **shape), format_real_model)
 
 
 def _run_decode(args: argparse.Namespace) -> int:
-    from gatedattn.bench.config import MAX_ROUNDS  # lazy: --help must not import torch
     from gatedattn.bench.decode import format_decode, run_decode_bench  # lazy: --help must not import torch
 
-    others = [flag for flag, given in (("--variants", args.variants), ("--compile", args.compile),
-                                       ("--device cuda", args.device == "cuda"), ("--max-spread", args.max_spread),
-                                       ("--time-cap", args.time_cap)) if given]
-    if others:
-        raise ConfigError(f"{', '.join(others)} do not apply to --decode (a CPU comparison with transformers' "
-                          f"generate); it takes --dtype, --repeats, --warmup, --quick, --json and --out")
-    shape = dict(prompt=8, new=4, repeats=1, warmup=0) if args.quick else {}
-    for name in ("repeats", "warmup"):
-        if getattr(args, name) is not None:
-            low = 1 if name == "repeats" else 0
-            if not low <= getattr(args, name) <= MAX_ROUNDS:
-                raise ConfigError(f"--{name} must be an integer in [{low}, {MAX_ROUNDS:,}], got {getattr(args, name)}")
-            shape[name] = getattr(args, name)
-    res = run_decode_bench(args.decode or None, dtype=args.dtype, **shape)
-    if args.out:
-        atomic_write_json(args.out, res)
-    print(json.dumps(res, indent=2) if args.json else format_decode(res))
-    return 0
+    shape = _model_bench(args, "--decode", "transformers' generate", dict(prompt=8, new=4, repeats=1, warmup=0))
+    return _report(args, run_decode_bench(args.decode or None, dtype=args.dtype, **shape), format_decode)
 
 
 def register(sub) -> None:
