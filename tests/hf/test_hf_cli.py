@@ -87,6 +87,10 @@ def test_convert_with_gate_then_generate(hf_dir, tmp_path, capsys):
     ids = torch.tensor([[1] + tok.encode(prompt, add_special_tokens=False).ids])
     expected = tok.decode(source.generate(ids, 6, temperature=0, use_cache=False)[0, 1:].tolist())
     assert from_ours.strip() == expected
+    code, compiled, err = run(capsys, "generate", "--model", out_dir, *argv, "--compile", "aot_eager")
+    assert code == 0 and compiled == from_ours, err  # one compiled step over a static cache: the same tokens
+    code, _, err = run(capsys, "generate", "--model", out_dir, *argv, "--compile", "sometimes")
+    assert code == 2 and "--compile sometimes: allowed: auto" in err and "torch.compile backend" in err
 
     code, sampled, err = run(capsys, "generate", "--model", out_dir, "--prompt", prompt, "--max-new-tokens", 5,
                              "--temperature", 1.0, "--top-k", 5, "--seed", 3)

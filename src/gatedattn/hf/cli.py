@@ -94,11 +94,14 @@ TEMPERATURE_RANGE = (1e-4, 1e4)  # beyond it logits / T overflows float32 (or sa
 
 def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | None = None, temperature: float = 0.8,
                   top_k: int | None = None, seed: int = 0, tokenizer: str | Path | None = None,
-                  device: str = "cpu", force: bool = False) -> str:
+                  device: str = "cpu", force: bool = False, compile: str = "auto") -> str:
     """Prompt plus continuation, decoded. BOS is prepended when the model config has one.
-    ``max_new_tokens`` (default: 64, or what the model's context leaves) must fit the context."""
+    ``max_new_tokens`` (default: 64, or what the model's context leaves) must fit the context.
+    ``compile``: ``auto``, ``on``, ``off`` or a ``torch.compile`` backend's name
+    (``GatedLM.generate``'s ``compile``: ``on`` is True, ``off`` False)."""
     prompt = argv_text(prompt)  # UTF-8 bytes that a C locale decoded as surrogates
     _check_sampling(prompt, max_new_tokens, temperature, top_k, seed)
+    compile_mode = _compile_mode(compile)
     model_dir = Path(model_dir)
     if not model_dir.is_dir() and gguf_file_of(model_dir) is None:
         raise GatedAttnError(f"--model {model_dir} is not a directory or a .gguf file (no model there)")
@@ -127,9 +130,20 @@ def generate_text(model_dir: str | Path, prompt: str, *, max_new_tokens: int | N
                              f"wrong tokenizer?")
     generator = torch.Generator(device=dev).manual_seed(seed)
     out = model.generate(torch.tensor([ids], device=dev), max_new_tokens, temperature=temperature, top_k=top_k,
-                         generator=generator, use_cache=True, eos_token_id=cfg.eos_token_id)
+                         generator=generator, use_cache=True, eos_token_id=cfg.eos_token_id, compile=compile_mode)
     start = 1 if cfg.bos_token_id is not None else 0
     return tok.decode(out[0, start:].tolist(), skip_special_tokens=True)
+
+
+def _compile_mode(compile: str) -> bool | str:
+    """``--compile`` as ``GatedLM.generate`` takes it, or one line naming the allowed values."""
+    modes = {"on": True, "off": False, "auto": "auto"}
+    if compile in modes:
+        return modes[compile]
+    if isinstance(compile, str) and compile in torch.compiler.list_backends(exclude_tags=()):
+        return compile
+    raise GatedAttnError(f"--compile {compile}: allowed: auto (compile where the new tokens pay for it), on, off, "
+                         f"or the name of a torch.compile backend (e.g. inductor, aot_eager)")
 
 
 def _check_decoding_size(cfg, max_new_tokens: int | None, device) -> None:
@@ -167,7 +181,7 @@ def _check_sampling(prompt: str, max_new_tokens: int | None, temperature: float,
 def _generate(args: argparse.Namespace) -> int:
     print(generate_text(args.model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_k=args.top_k, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
-                        force=args.force))
+                        force=args.force, compile=args.compile))
     return 0
 
 
@@ -307,6 +321,9 @@ def register(sub) -> None:
     g.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json (default DIR/tokenizer.json)")
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
     g.add_argument("--force", action="store_true", help="use a --tokenizer other than the model's tokenizer.json")
+    g.add_argument("--compile", default="auto", metavar="MODE",
+                   help="auto (default: one compiled decoding step over a static cache from 4,096 new tokens, "
+                        "where the compile pays for itself), on, off, or a torch.compile backend's name")
     g.set_defaults(func=_generate, **input_options(("--model", "model"), ("--tokenizer", "tokenizer")))
 
     c = sub.add_parser("convert", help="import a model directory, optionally add a gate, save it (atomically)",
