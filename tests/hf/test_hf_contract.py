@@ -200,6 +200,29 @@ def test_static_cache_generates_what_the_dynamic_one_does(tmp_path, layout):
     assert torch.equal(static, dynamic)
 
 
+@pytest.mark.parametrize("layout", ["baseline", "hyga-sink", "mla-baseline", "mla-hyga-sink"])
+def test_compiled_static_cache_decoding_is_one_graph_with_the_dynamic_caches_tokens(tmp_path, layout):
+    """transformers' compiled decoding (``compile_config``) over its static cache: the
+    wrapper's step is traced whole once (``hf.static``: no count of cached positions read as
+    a number, no mask pattern checked) and decodes the dynamic cache's tokens. Compiled by
+    AOT autograd (seconds); inductor runs the same graph."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    model = loaded(tmp_path, layout)
+    ids, mask = padded_batch()
+    dynamic = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    config = CompileConfig(fullgraph=True, backend="aot_eager", mode="default")
+    config._compile_all_devices = True  # transformers compiles only on accelerators unless asked
+    dynamo.reset()
+    counters.clear()
+    compiled = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                              cache_implementation="static", compile_config=config)
+    assert counters["stats"]["unique_graphs"] == 1 and counters["stats"]["calls_captured"] > 0  # one graph, 5 steps
+    assert torch.equal(compiled, dynamic)
+
+
 def test_4d_masks_other_than_causal_plus_padding_are_refused(tmp_path):
     model = loaded(tmp_path, "gated")
     ids, mask = padded_batch()

@@ -12,7 +12,8 @@ keyword arguments overriding the config as in transformers; saving goes through
 ``GatedLM.save_pretrained`` (the directory stays in gatedattn format) and writes the
 modelling code, ``auto_map`` and ``generation_config.json`` beside the weights.
 Generation uses transformers' caches (dynamic or static): each layer's keys and values go
-through a small adapter that gives it the ``KVCache`` interface ``Attention`` expects.
+through a small adapter that gives it the ``KVCache`` interface ``Attention`` expects; a
+decoding step compiled over the static cache (``compile_config``) takes ``hf.static``'s.
 
 The wrapper follows ``LlamaForCausalLM``'s conventions: a 2-D ``attention_mask`` (1 =
 token, 0 = padding, left or right; padded keys get zero attention) or the 4-D
@@ -41,6 +42,7 @@ This module imports transformers (seconds); ``gatedattn.hf`` imports it on first
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import warnings
@@ -58,12 +60,14 @@ from transformers.utils import GENERATION_CONFIG_NAME
 from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.infra.integrity import record
 from gatedattn.hf.configuration import GatedAttnHFConfig
+from gatedattn.hf.static import static_step_inputs, takes_static_step
 from gatedattn.hf.masks import WHAT, padding_mask_of
 from gatedattn.hf.outputs import recording
 from gatedattn.layers.config import AttentionConfig
 from gatedattn.layers.core import AttentionCore, ReferenceCore
 from gatedattn.models.lm import MODEL_TYPE, GatedLM, check_state_dict
 from gatedattn.models.shards import parse_size
+from gatedattn.ops.row_linear import RowProducts
 
 __all__ = ["GatedAttnForCausalLM", "GatedAttnHFConfig"]
 
@@ -363,14 +367,15 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if cache is None and use_cache and not (self.training and self.model.checkpoint_every):
             cache = DynamicCache()
-        caches = [_LayerCache(cache, i) for i in range(len(self.model.blocks))] if cache is not None else None
-        attention_mask = self._padding_mask(attention_mask, input_ids, inputs_embeds, caches)
+        static, caches, attention_mask, position_ids = self._cache_inputs(cache, attention_mask, position_ids,
+                                                                          input_ids, inputs_embeds)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         selected = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         if output_attentions:
             self._warn_reference_attentions()
         with recording(self.model, hidden_states=selected is not False and selected is not None,
-                       attentions=bool(output_attentions)) as recorded:
+                       attentions=bool(output_attentions)) as recorded, \
+                RowProducts() if static else contextlib.nullcontext():  # ops.row_linear: one-row products as loops
             logits = self.model(input_ids, positions=position_ids, caches=caches, attention_mask=attention_mask,
                                 inputs_embeds=inputs_embeds)
         loss = None
@@ -383,6 +388,16 @@ class GatedAttnForCausalLM(PreTrainedModel, GenerationMixin):
                                      attentions=recorded.attentions)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         return out if return_dict else out.to_tuple()
+
+    def _cache_inputs(self, cache, attention_mask, position_ids, input_ids, inputs_embeds):
+        """Whether this is a compiled decoding step over a static cache (``hf.static``: no
+        number read, no mask pattern checked), the layers' caches, the padding or key mask
+        and the positions the model takes."""
+        source = input_ids if input_ids is not None else inputs_embeds
+        if takes_static_step(cache, attention_mask, source.shape[1] if source is not None else 0):
+            return (True, *static_step_inputs(cache, attention_mask, position_ids, len(self.model.blocks)))
+        caches = [_LayerCache(cache, i) for i in range(len(self.model.blocks))] if cache is not None else None
+        return False, caches, self._padding_mask(attention_mask, input_ids, inputs_embeds, caches), position_ids
 
     def _padding_mask(self, mask, input_ids, inputs_embeds, caches) -> torch.Tensor | None:
         """The 2-D padding mask the model takes: as given, or read from a 4-D causal-plus-padding mask."""
