@@ -8,6 +8,9 @@ once (so every compile is paid before the clock starts):
 - ``ours eager``: ``GatedLM.generate(compile=False)``, a growing KV cache;
 - ``ours compiled``: ``generate(compile=True)``: one compiled step over a static cache
   (``models.decode``);
+- ``ours HF wrapper, static + compile``: the same model behind ``GatedAttnForCausalLM``
+  (what ``AutoModelForCausalLM`` loads), through transformers' ``generate`` and its
+  compiled static-cache path below (``hf.static``);
 - ``transformers eager``: ``generate()`` with its dynamic cache;
 - ``transformers static + compile``: ``generate(cache_implementation="static",
   compile_config=CompileConfig(fullgraph=True, mode="default"))``, its compiled decoding
@@ -39,12 +42,16 @@ from gatedattn.infra.timing import interleaved_times
 from gatedattn.hf import bundled_model_path, load_model
 from gatedattn.hf.importers import quiet_transformers
 
-PATHS = ("ours eager", "ours compiled", "transformers eager", "transformers static + compile")
+PATHS = ("ours eager", "ours compiled", "ours HF wrapper, static + compile", "transformers eager",
+         "transformers static + compile")
 
 
 def _calls(ours, theirs, ids: torch.Tensor, new: int, precision,
            backend: str) -> dict[str, Callable[[], torch.Tensor]]:
     from transformers import CompileConfig  # lazy: heavy (transformers)
+
+    from gatedattn.hf.auto import GatedAttnForCausalLM  # lazy: heavy (transformers)
+    from gatedattn.hf.configuration import GatedAttnHFConfig  # lazy: heavy (transformers)
 
     compile_config = CompileConfig(fullgraph=True, mode="default", backend=backend)
     compile_config._compile_all_devices = True  # transformers compiles only on accelerators unless asked
@@ -55,14 +62,16 @@ def _calls(ours, theirs, ids: torch.Tensor, new: int, precision,
                 return ours.generate(ids, new, temperature=0, compile=compile)
         return run
 
-    def theirs_with(**kwargs):
+    def generate_with(model, **kwargs):
         def run():
             with torch.no_grad(), precision.autocast("cpu"), quiet_transformers():
-                return theirs.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, **kwargs)
+                return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, **kwargs)
         return run
 
-    return dict(zip(PATHS, (ours_with(False), ours_with(backend), theirs_with(),
-                            theirs_with(cache_implementation="static", compile_config=compile_config))))
+    wrapper = GatedAttnForCausalLM(GatedAttnHFConfig.from_model_config(ours.cfg), model=ours).eval()
+    static = dict(cache_implementation="static", compile_config=compile_config)
+    return dict(zip(PATHS, (ours_with(False), ours_with(backend), generate_with(wrapper, **static),
+                            generate_with(theirs), generate_with(theirs, **static))))
 
 
 def run_decode_bench(path: str | Path | None = None, *, dtype: str = "auto", batch: int = 1, prompt: int = 32,
@@ -94,12 +103,9 @@ def run_decode_bench(path: str | Path | None = None, *, dtype: str = "auto", bat
     return {"model": str(path), "precision": precision.as_dict(), "batch": batch, "prompt": prompt, "new": new,
             "repeats": repeats, "warmup": warmup, "backend": backend, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "rows": rows,
-            "compile_s": {"ours compiled": compile_s["ours compiled"],
-                          "transformers static + compile": compile_s["transformers static + compile"]},
+            "compile_s": compile_s,
             "break_even_tokens": compile_s["ours compiled"] / saved if saved > 0 else None,
-            "same_tokens": {"ours compiled": bool(torch.equal(outputs["ours compiled"], outputs["ours eager"])),
-                            "transformers eager": bool(torch.equal(outputs["transformers eager"],
-                                                                   outputs["ours eager"]))}}
+            "same_tokens": {name: bool(torch.equal(outputs[name], outputs["ours eager"])) for name in PATHS[1:]}}
 
 
 def format_decode(res: dict[str, Any]) -> str:
@@ -118,13 +124,12 @@ def format_decode(res: dict[str, Any]) -> str:
                      f"({min(rounds):.2f}–{max(rounds):.2f}) |")
     ours = {r["path"]: r for r in res["rows"]}
     even = res["break_even_tokens"]
-    lines += ["", f"Compile: ours {res['compile_s']['ours compiled']:.1f} s, transformers' "
-              f"{res['compile_s']['transformers static + compile']:.1f} s. Ours compiled is "
+    lines += ["", "Compile: " + ", ".join(f"{name} {s:.1f} s" for name, s in res["compile_s"].items()) + ". Ours compiled is "
               f"{ours['ours eager']['seconds'] / ours['ours compiled']['seconds']:.2f}x ours eager and "
               f"{ours['transformers static + compile']['seconds'] / ours['ours compiled']['seconds']:.2f}x "
               f"transformers' compiled path; "
               + (f"the compile pays for itself after {even:,.0f} new tokens." if even is not None else
                  "the compiled step saved no time per token here, so the compile never pays for itself."),
-              f"Tokens equal to ours eager: ours compiled {res['same_tokens']['ours compiled']}, "
-              f"transformers eager {res['same_tokens']['transformers eager']}."]
+              "Tokens equal to ours eager: " + ", ".join(f"{name} {same}" for name, same in res["same_tokens"].items())
+              + "."]
     return "\n".join(lines) + "\n"

@@ -39,8 +39,8 @@ CAPACITY_STEP = 128  # static buffers hold a multiple of this many positions
 # new tokens (steps) from which compile="auto" compiles, above the break-evens measured on
 # SmolLM2-135M from a cold compile (docs/benchmarks/decode.md): a decoding of at most
 # row_linear.MAX_ROWS sequences, whose products the compiled step runs at the memory's speed
-# (1,453-2,787 tokens), and a larger batch, where compiling saves mostly the calls between
-# the products (3,339 in bf16 at batch 4, a smaller saving a step: more noise in the figure)
+# (1,189-2,787 tokens over three runs of each precision), and a larger batch, where compiling
+# saves mostly the calls between the products (3,339 and 3,568 in bf16 at batch 4)
 AUTO_MIN_TOKENS = 4096
 AUTO_MIN_TOKENS_BATCHED = 8192
 
