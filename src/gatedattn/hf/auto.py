@@ -60,7 +60,7 @@ from transformers.utils import GENERATION_CONFIG_NAME
 from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.infra.integrity import record
 from gatedattn.hf.configuration import GatedAttnHFConfig
-from gatedattn.hf.static import static_step_inputs, takes_static_step
+from gatedattn.hf.static import LatentAsKeys, static_step_inputs, takes_static_step
 from gatedattn.hf.masks import WHAT, padding_mask_of
 from gatedattn.hf.outputs import recording
 from gatedattn.layers.config import AttentionConfig
@@ -145,7 +145,7 @@ def _with_config(lm: GatedLM, cfg, source: Path) -> GatedLM:
     return model
 
 
-class _LayerCache:
+class _LayerCache(LatentAsKeys):
     """One layer of a transformers ``Cache`` with the ``KVCache`` interface."""
 
     def __init__(self, cache: Cache, layer_idx: int):
@@ -160,11 +160,6 @@ class _LayerCache:
         end = self.length + k.shape[2]
         keys, values = self.cache.update(k, v, self.layer_idx)
         return keys[:, :, :end], values[:, :, :end]
-
-    def update_latent(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """MLA: latent (B, T, r) and shared RoPE key (B, T, 1, d) stored as one-head keys and values."""
-        latent_all, k_rope_all = self.update(latent[:, None], k_rope.transpose(1, 2))
-        return latent_all[:, 0], k_rope_all.transpose(1, 2)
 
 
 def _one_device(device_map: Any) -> str | torch.device:

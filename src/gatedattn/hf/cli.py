@@ -31,6 +31,7 @@ from gatedattn.infra.io import (argv_text, check_no_overlap, check_writable, dis
                                 replace_dir, temp_dir_beside)
 from gatedattn.infra.outputs import check_model_output
 from gatedattn.infra.sizes import check_memory, kv_cache_bytes_per_token, model_params
+from gatedattn.models.decode import is_backend
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -140,7 +141,7 @@ def _compile_mode(compile: str) -> bool | str:
     modes = {"on": True, "off": False, "auto": "auto"}
     if compile in modes:
         return modes[compile]
-    if isinstance(compile, str) and compile in torch.compiler.list_backends(exclude_tags=()):
+    if is_backend(compile):
         return compile
     raise GatedAttnError(f"--compile {compile}: allowed: auto (compile where the new tokens pay for it), on, off, "
                          f"or the name of a torch.compile backend (e.g. inductor, aot_eager)")

@@ -19,7 +19,19 @@ from typing import Any
 import torch
 
 
-class StaticLayerCache:
+class LatentAsKeys:
+    """MLA through a transformers cache: the latent (B, T, r) and the shared RoPE key
+    (B, T, 1, d) stored as one-head keys and values (``update``)."""
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def update_latent(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        latent_all, k_rope_all = self.update(latent[:, None], k_rope.transpose(1, 2))
+        return latent_all[:, 0], k_rope_all.transpose(1, 2)
+
+
+class StaticLayerCache(LatentAsKeys):
     """One layer of a compileable transformers cache with the ``KVCache`` interface, for one
     query per row."""
 
@@ -35,10 +47,6 @@ class StaticLayerCache:
         keys[:, :, -1:] = k.to(keys.dtype)
         values[:, :, -1:] = v.to(values.dtype)
         return keys, values
-
-    def update_latent(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        latent_all, k_rope_all = self.update(latent[:, None], k_rope.transpose(1, 2))
-        return latent_all[:, 0], k_rope_all.transpose(1, 2)
 
 
 def takes_static_step(cache: Any, mask: Any, tokens: int) -> bool:

@@ -83,6 +83,12 @@ class KVCache:
             grown.narrow(dim, 0, held.shape[dim]).copy_(held)
         return grown
 
+    def allocated(self, name: str) -> torch.Tensor | None:
+        """The whole buffer of ``name`` (``k``, ``v``, ``latent``, ``k_rope``) a cache with a
+        capacity writes its steps into (the held tensor is a view of its first positions),
+        or None where there is none."""
+        return self._buffers.get(name)
+
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the cache holds (for measuring its size)."""
         return [t for t in (self.k, self.v, self.latent, self.k_rope) if t is not None]

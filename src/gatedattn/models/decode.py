@@ -45,11 +45,14 @@ AUTO_MIN_TOKENS = 4096
 AUTO_MIN_TOKENS_BATCHED = 8192
 
 
+def is_backend(name: Any) -> bool:
+    """Whether ``name`` names a ``torch.compile`` backend."""
+    return isinstance(name, str) and name in torch.compiler.list_backends(exclude_tags=())
+
+
 def check_compile(compile: Any) -> None:
     """``compile``: ``"auto"``, True (inductor), False, or a ``torch.compile`` backend's name."""
-    if compile is True or compile is False or compile == "auto":
-        return
-    if isinstance(compile, str) and compile in torch.compiler.list_backends(exclude_tags=()):
+    if compile is True or compile is False or compile == "auto" or is_backend(compile):
         return
     raise GatedAttnError(f"generate: compile={compile!r}; allowed: 'auto', True or False, or the name of a "
                          f"torch.compile backend (e.g. 'inductor', 'aot_eager')")
@@ -108,7 +111,7 @@ def static_buffers(caches: list[KVCache], latent: bool) -> list[tuple[torch.Tens
     names, dim = (("latent", "k_rope"), 1) if latent else (("k", "v"), 2)
     out = []
     for cache in caches:
-        pair = tuple(cache._buffers.get(n) for n in names)
+        pair = tuple(cache.allocated(n) for n in names)
         if any(b is None for b in pair) or pair[0].shape[dim] != cache.capacity:
             raise GatedAttnError("the static decoding step needs the prompt's cache in buffers of its capacity")
         for buf in pair:
@@ -155,6 +158,12 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, gen
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
+def last_logits(model: torch.nn.Module, ids: torch.Tensor, caches: list[KVCache] | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+    """The float logits (B, V) at the last position of ``ids`` run through ``model.forward``."""
+    return model(ids, caches=caches, attention_mask=mask, logits_to_keep=1)[:, -1].float()
+
+
 class EagerSteps:
     """Each token through ``model.forward`` over a growing ``KVCache`` (or, without a
     cache, the whole sequence again)."""
@@ -166,16 +175,13 @@ class EagerSteps:
         self.seq = ids
 
     def first(self) -> torch.Tensor:
-        return self._logits(self.seq)
+        return last_logits(self.model, self.seq, self.caches, self.mask)
 
     def next(self, nxt: torch.Tensor) -> torch.Tensor:
         self.seq = torch.cat((self.seq, nxt[:, None]), dim=1)
         if self.mask is not None:
             self.mask = torch.cat((self.mask, self.mask.new_ones(self.mask.shape[0], 1)), dim=1)
-        return self._logits(nxt[:, None] if self.use_cache else self.seq)
-
-    def _logits(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, caches=self.caches, attention_mask=self.mask, logits_to_keep=1)[:, -1].float()
+        return last_logits(self.model, nxt[:, None] if self.use_cache else self.seq, self.caches, self.mask)
 
 
 class StaticSteps:
@@ -197,7 +203,7 @@ class StaticSteps:
         self.step = compiled_step(backend) if backend is not None else static_step
 
     def first(self) -> torch.Tensor:
-        logits = self.model(self.ids, caches=self.caches, attention_mask=self.mask, logits_to_keep=1)[:, -1].float()
+        logits = last_logits(self.model, self.ids, self.caches, self.mask)
         self.buffers = static_buffers(self.caches, self.latent)
         return logits
 

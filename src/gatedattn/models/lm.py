@@ -530,7 +530,7 @@ class GatedLM(nn.Module):
             if ids.shape[1] and not bool(attention_mask[:, -1].bool().all()):
                 raise GatedAttnError("generate needs left padding: attention_mask has a 0 in its last column")
         backend = compiles(compile, ids.shape[0], max_new_tokens, use_cache)
-        self._check_generate_size(ids, static_capacity(ids.shape[1] + max_new_tokens) if backend else
+        self._check_generate_size(ids, max_new_tokens, static_capacity(ids.shape[1] + max_new_tokens) if backend else
                                   ids.shape[1] + max_new_tokens, use_cache, generator)
         was_training = self.training
         self.eval()
@@ -543,15 +543,14 @@ class GatedLM(nn.Module):
         finally:
             self.train(was_training)
 
-    def _check_generate_size(self, ids: torch.Tensor, total: int, use_cache: bool,
+    def _check_generate_size(self, ids: torch.Tensor, max_new_tokens: int, cached: int, use_cache: bool,
                              generator: torch.Generator | None) -> None:
-        """The KV cache of ``total`` positions (and the ids) fits the device's memory, and a
+        """The KV cache of ``cached`` positions (and the ids) fits the device's memory, and a
         ``generator`` is on the device the sampling runs on; else one line naming them."""
         weight = self.embed.weight
-        max_new_tokens = total - ids.shape[1]
-        parts = {"the ids": 8 * ids.shape[0] * total}
+        parts = {"the ids": 8 * ids.shape[0] * (ids.shape[1] + max_new_tokens)}
         if use_cache:
-            parts["the KV cache"] = ids.shape[0] * total * kv_cache_bytes_per_token(self.cfg, weight.element_size())
+            parts["the KV cache"] = ids.shape[0] * cached * kv_cache_bytes_per_token(self.cfg, weight.element_size())
         check_memory("generate", parts, {"max_new_tokens": max_new_tokens, "the batch": ids.shape[0]}, weight.device)
         if generator is not None and torch.device(generator.device).type != weight.device.type:
             raise GatedAttnError(f"generate: generator is on {generator.device}, the model on {weight.device}; give a "
