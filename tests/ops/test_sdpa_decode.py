@@ -41,3 +41,17 @@ def test_queries_that_do_not_see_every_key_keep_the_causal_mask():
     for tq, offset in ((2, 4), (1, 3)):  # two new queries; one query in the middle of the keys
         torch.testing.assert_close(attention_sdpa(q[:, :, :tq], k, v, q_offset=offset),
                                    attention_reference(q[:, :, :tq], k, v, q_offset=offset))
+
+
+@pytest.mark.parametrize("key_mask", [False, True])
+def test_grouped_query_attention_compiles_with_symbolic_head_counts(key_mask):
+    """A process that compiles models of several head counts (dynamo then traces the sizes
+    symbolically) still gets a bool for SDPA's ``enable_gqa``, and the same output."""
+    import torch._dynamo as dynamo
+
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.tensor([[True] * 5, [False, True, True, True, True]]) if key_mask else None
+    kwargs = {"key_mask": mask} if key_mask else {}
+    dynamo.reset()
+    compiled = torch.compile(attention_sdpa, backend="eager", dynamic=True, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, **kwargs), attention_sdpa(q, k, v, **kwargs))

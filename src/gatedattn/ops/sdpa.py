@@ -28,6 +28,15 @@ import torch.nn.functional as F
 from gatedattn.ops.reference import attention_reference, causal_mask, check_key_mask, visible_keys
 
 
+def grouped(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the keys have fewer heads than the queries (SDPA's ``enable_gqa``), as a
+    Python bool also where the compiler traces the head counts symbolically (a branch on
+    them settles it; ``bool()`` would leave a symbol that SDPA refuses)."""
+    if q.shape[1] != k.shape[1]:
+        return True
+    return False
+
+
 def attention_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -42,7 +51,7 @@ def attention_sdpa(
     if sink is not None:
         raise ValueError("attention_sdpa has no sink; use attention_flash_lse")
     tq, tk = q.shape[2], k.shape[2]
-    gqa = q.shape[1] != k.shape[1]
+    gqa = grouped(q, k)
     if key_mask is not None:
         check_key_mask(key_mask, k)
         mask = visible_keys(tq, tk, q_offset, key_mask)
@@ -222,7 +231,7 @@ def attention_flash_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, si
     q, k, v = (t.to(dtype) for t in (q, k, v))
     if sink is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+                                              enable_gqa=grouped(q, k))
     kernel = FUSED_LSE_KERNELS[q.device.type]
     additive = torch.zeros(visible.shape, dtype=dtype, device=q.device).masked_fill_(~visible, float("-inf"))
     return _FlashSink.apply(q, k, v, sink, scale, kernel, additive[None, None])
