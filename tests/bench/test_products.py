@@ -46,3 +46,13 @@ def test_the_goal_of_a_row():
     assert goal(1.0, 3.0, 1.05) == "missed"  # room was left: free work would have reached the goal
     assert goal(1.0, SPEEDUP_GOAL - 0.01, FLOOR_GOAL) == "at the floor"
     assert goal(1.0, SPEEDUP_GOAL - 0.01, FLOOR_GOAL + 0.01) == "near the floor"
+
+
+def test_the_mfu_goal_is_set_on_bf16_training_only():
+    from gatedattn.bench.real_model import MFU_GOAL, mfu_goal
+
+    rows = [{"kind": "train", "ours_mfu": MFU_GOAL}, {"kind": "train-compiled", "ours_mfu": MFU_GOAL - 0.001},
+            {"kind": "forward", "ours_mfu": 0.9}]
+    assert mfu_goal(rows, "bf16") == {"train": {"mfu": MFU_GOAL, "goal": "met"},
+                                              "train-compiled": {"mfu": MFU_GOAL - 0.001, "goal": "missed"}}
+    assert mfu_goal(rows, "fp32") is None

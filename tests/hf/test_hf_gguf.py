@@ -617,8 +617,8 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
     del ballast
     res = json.loads(capsys.readouterr().out)
     rows = {r["kind"]: r for r in res["rows"]}
-    assert set(rows) == {"forward", "logits", "train", "frozen", "decode"}
-    for kind in ("forward", "logits", "train", "decode"):
+    assert set(rows) == {"forward", "logits", "train", "train-compiled", "frozen", "decode"}
+    for kind in ("forward", "logits", "train", "train-compiled", "decode"):
         assert rows[kind]["ours_s"] > 0 and rows[kind]["hf_s"] > 0 and rows[kind]["speedup"] > 0
     assert rows["frozen"]["hf_s"] is None and res["frozen_over_full"] > 0
     load = res["load"]  # the file loaded by each in a child process of its own
@@ -626,7 +626,16 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
     assert 100 * 2**20 < load["ours_peak_bytes"] < 2**30 and 100 * 2**20 < load["hf_peak_bytes"] < 2**30
     assert load["goal"] == ("met" if load["speedup"] >= 1 and load["peak_ratio"] <= 1 else "missed")
     assert 0 < rows["forward"]["ours_mfu"] and res["precision"]["dtype"] == "fp32"
-    for kind in ("forward", "train", "decode"):  # each row's products replayed alone, ours and theirs
+    compiled = rows["train-compiled"]  # --quick compiles through aot_eager; each compile paid before the clock
+    assert res["backend"] == "aot_eager" and compiled["ours_products"] == rows["train"]["ours_products"]
+    for who in ("ours", "hf"):
+        eager, step = rows["train"][f"{who}_s"], compiled[f"{who}_s"]
+        assert compiled[f"{who}_compile_s"] >= 0 and compiled[f"{who}_over_eager"] == pytest.approx(eager / step)
+        even = compiled[f"{who}_break_even_steps"]
+        assert even == (pytest.approx(compiled[f"{who}_compile_s"] / (eager - step)) if eager > step else None)
+    assert compiled["ours_mfu"] == pytest.approx(rows["train"]["ours_mfu"] * rows["train"]["ours_s"] / compiled["ours_s"])
+    assert res["mfu_goal"] is None  # fp32: the MFU goal is set on bf16 training
+    for kind in ("forward", "train", "train-compiled", "decode"):  # each row's products replayed alone, ours and theirs
         r = rows[kind]
         assert r["ours_products"]["products"] > 0 and r["hf_products"]["products"] > 0
         assert r["bound"] == pytest.approx(r["hf_s"] / r["ours_products"]["seconds"])

@@ -95,7 +95,8 @@ def _run_real_model(args: argparse.Namespace) -> int:
     from gatedattn.bench.real_model import format_real_model, run_real_model_bench  # lazy: --help must not import torch
 
     shape = _model_bench(args, "--real-model", "transformers' LlamaForCausalLM",
-                         dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0, load_repeats=1))
+                         dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0, load_repeats=1,
+                              backend="aot_eager"))
     return _report(args, run_real_model_bench(args.real_model or None, dtype=args.dtype, **shape), format_real_model)
 
 
@@ -132,7 +133,9 @@ def register(sub) -> None:
     p.add_argument("--real-model", nargs="?", const="", metavar="PATH",
                    help="instead: our GatedLM against transformers' LlamaForCausalLM on the same pretrained weights "
                         "(a .gguf file or a model directory; default the bundled SmolLM2-135M): analysis forward "
-                        "(the loss, as analyze runs it; the logits alone for reference), training step, the "
+                        "(the loss, as analyze runs it; the logits alone for reference), training step (eager, and "
+                        "torch.compiled with each compile's seconds and break-even; --quick compiles through "
+                        "aot_eager), the "
                         "real-model study's frozen-model step (learnable sinks from its start layer up) and greedy "
                         "decoding, with MFU, each row's products alone and its per-round speedups (5 rounds "
                         "unless --repeats says otherwise)")

@@ -24,6 +24,13 @@ Workloads, timed in interleaved rounds (``gatedattn.infra.timing``), ours and tr
   layers' own kernel (the study's ``window=0`` attention is the same causal attention in
   its reference form);
 - ``decode``: greedy generation of ``decode_new`` tokens after a ``seq_len`` prompt;
+- ``train-compiled``: the ``train`` step with each model ``torch.compile``d (``backend``,
+  inductor by default), ours as ``gatedattn train`` compiles it where ``compile auto`` finds
+  it pays (``nn.Module.compile``: the norms, residuals, RoPE, SwiGLU, gates and casts fused
+  between the products), transformers' as its Trainer's ``torch_compile=True`` does; each
+  compile is paid before the clock starts and reported (its first call beyond its median
+  one), with the steps from which it pays for itself against the same model's eager step.
+  Its products are the eager step's (the same products, dispatched from the graph);
 - the load of the file itself, ours and transformers', each in a fresh child process
   (:mod:`gatedattn.bench.load`): seconds and peak resident memory.
 
@@ -41,6 +48,7 @@ the goal becomes running within :data:`FLOOR_GOAL` of that floor.
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,7 +70,9 @@ from gatedattn.hf import bundled_model_path, load_model
 STUDY_START_LAYER = 3
 SPEEDUP_GOAL = 1.15  # ours / transformers' on each row, at the same precision
 FLOOR_GOAL = 1.10  # ours' seconds over its products' alone, where SPEEDUP_GOAL is out of reach
-GOAL_ROWS = ("forward", "train", "decode")  # the workloads the goal is set on ("logits": for reference)
+MFU_GOAL = 0.35  # of the measured bf16 peak, on a bf16 training step (eager or compiled)
+KINDS = ("forward", "logits", "train", "train-compiled", "frozen", "decode")
+GOAL_ROWS = ("forward", "train", "train-compiled", "decode")  # the rows a goal is set on ("logits": for reference)
 
 
 def goal(speedup: float, bound: float, over_floor: float) -> str:
@@ -157,8 +167,10 @@ def _their_loss(model, ids):
 
 
 def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,
-              frozen_start: int | None = None) -> dict[str, Callable[[], Any]]:
-    """name -> call: ``{ours,hf}:{forward,logits,train,decode}`` and ``ours:frozen``."""
+              frozen_start: int | None = None, backend: str = "inductor") -> dict[str, Callable[[], Any]]:
+    """name -> call: ``{ours,hf}:{forward,logits,train,train-compiled,decode}`` and
+    ``ours:frozen``. The compiled steps train the same parameters as the eager ones (each
+    with an optimizer of its own), through ``torch.compile(model, backend=backend)``."""
     start = frozen_start_layer(ours.cfg.n_layers, frozen_start)
     prompt = ids[:, :-1]
 
@@ -187,17 +199,21 @@ def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,
             "hf:logits": forward(theirs, lambda model, ids: _theirs(model, ids[:, :-1])),
             "ours:train": _train_step(ours, ids, _our_loss, precision),
             "hf:train": _train_step(theirs, ids, _their_loss, precision),
+            "ours:train-compiled": _train_step(torch.compile(ours, backend=backend), ids, _our_loss, precision),
+            "hf:train-compiled": _train_step(torch.compile(theirs, backend=backend), ids, _their_loss, precision),
             "ours:frozen": _frozen_step(*sink_arm(ours, start), ids, start, precision),
             "ours:decode": decode_ours, "hf:decode": decode_theirs}
 
 
 def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto", batch: int = 4, seq_len: int = 256,
                          decode_new: int = 16, repeats: int = 5, warmup: int = 2,
-                         frozen_start: int | None = None, load_repeats: int = 2) -> dict[str, Any]:
+                         frozen_start: int | None = None, load_repeats: int = 2,
+                         backend: str = "inductor") -> dict[str, Any]:
     """Time every workload; a JSON-ready dict with one row per workload kind. Two warm-up
     rounds: a training step's second call is its slowest (on SmolLM2 in bf16, 3.5 s against
     2.1 s from the third on; the heap grows once more when the activations first meet the
-    optimizer's state), and the rows are the steady state."""
+    optimizer's state), and the rows are the steady state. ``backend`` compiles the
+    ``train-compiled`` rows (another than inductor only to check the bench itself quickly)."""
     path = Path(path) if path is not None else bundled_model_path()
     precision = resolve_dtype(dtype, "cpu")
     ours = load_model(path)
@@ -205,39 +221,74 @@ def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto",
     cfg = ours.cfg
     start = frozen_start_layer(cfg.n_layers, frozen_start)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
-    calls = workloads(ours, theirs, ids, decode_new, precision, start)
+    calls = workloads(ours, theirs, ids, decode_new, precision, start, backend)
+    first = {}
+    for name in ("ours:train-compiled", "hf:train-compiled"):  # each compile paid before the clock starts
+        started = time.perf_counter()
+        calls[name]()
+        first[name] = time.perf_counter() - started
     times = interleaved_times(calls, repeats=repeats, warmup=warmup)
     median = {k: statistics.median(v) for k, v in times.items()}
     peak = peak_flops(precision.dtype)
     fwd = forward_flops(cfg, seq_len) * batch
-    flops = {"forward": fwd, "logits": fwd, "train": 3 * fwd, "frozen": None, "decode": None}
-    alone = {name: products_alone(fn, repeats=repeats) for name, fn in calls.items()}
-    rows = []
-    for kind in ("forward", "logits", "train", "frozen", "decode"):
-        o, h = median[f"ours:{kind}"], median.get(f"hf:{kind}")
-        row = {"kind": kind, "ours_s": o, "hf_s": h, "speedup": h / o if h else None,
-               "speedup_rounds": _round_ratios(times.get(f"hf:{kind}"), times[f"ours:{kind}"]),
-               "ours_samples": times[f"ours:{kind}"], "hf_samples": times.get(f"hf:{kind}"),
-               "ours_products": alone[f"ours:{kind}"], "hf_products": alone.get(f"hf:{kind}")}
-        floor = alone[f"ours:{kind}"]["seconds"]
-        row["ours_over_floor"] = o / floor
-        if h:
-            row["speedup_paired"] = statistics.median(row["speedup_rounds"])
-            row["bound"] = h / floor
-            if kind in GOAL_ROWS:
-                row["goal"] = goal(row["speedup_paired"], row["bound"], row["ours_over_floor"])
-        if flops[kind] is not None:
-            row.update(ours_flops_per_s=flops[kind] / o, ours_mfu=mfu(flops[kind] / o, peak.flops_per_s),
-                       hf_flops_per_s=flops[kind] / h, hf_mfu=mfu(flops[kind] / h, peak.flops_per_s))
-        rows.append(row)
-    frozen_ratio = median["ours:frozen"] / median["ours:train"]
+    flops = {"forward": fwd, "logits": fwd, "train": 3 * fwd, "train-compiled": 3 * fwd}
+    # a compiled step runs the eager step's products, dispatched from its graph
+    alone = {name: products_alone(fn, repeats=repeats) for name, fn in calls.items() if "compiled" not in name}
+    alone.update({f"{who}:train-compiled": alone[f"{who}:train"] for who in ("ours", "hf")})
+    rows = [_row(kind, times, median, alone, flops.get(kind), peak.flops_per_s) for kind in KINDS]
+    rows[KINDS.index("train-compiled")].update(_compile_figures(first, median))
     load = load_row(path, repeats=load_repeats, threads=torch.get_num_threads())
     return {"model": str(path), "precision": precision.as_dict(), "batch": batch, "seq_len": seq_len,
             "decode_new": decode_new, "repeats": repeats, "warmup": warmup, "peak": peak.to_dict(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-            "rows": rows, "load": load, "load_repeats": load_repeats, "frozen_over_full": frozen_ratio,
-            "frozen_start": start,
-            "goals": {"speedup": SPEEDUP_GOAL, "floor": FLOOR_GOAL}}
+            "rows": rows, "load": load, "load_repeats": load_repeats,
+            "frozen_over_full": median["ours:frozen"] / median["ours:train"], "frozen_start": start,
+            "backend": backend, "mfu_goal": mfu_goal(rows, precision.dtype),
+            "goals": {"speedup": SPEEDUP_GOAL, "floor": FLOOR_GOAL, "mfu": MFU_GOAL}}
+
+
+def _row(kind: str, times: dict, median: dict, alone: dict, flops: float | None, peak: float) -> dict[str, Any]:
+    """One workload's row: medians, speedups (of the medians, and per round), products alone,
+    the goal where one is set, model FLOP/s and MFU where the FLOPs are counted."""
+    o, h = median[f"ours:{kind}"], median.get(f"hf:{kind}")
+    row = {"kind": kind, "ours_s": o, "hf_s": h, "speedup": h / o if h else None,
+           "speedup_rounds": _round_ratios(times.get(f"hf:{kind}"), times[f"ours:{kind}"]),
+           "ours_samples": times[f"ours:{kind}"], "hf_samples": times.get(f"hf:{kind}"),
+           "ours_products": alone[f"ours:{kind}"], "hf_products": alone.get(f"hf:{kind}")}
+    floor = alone[f"ours:{kind}"]["seconds"]
+    row["ours_over_floor"] = o / floor
+    if h:
+        row["speedup_paired"] = statistics.median(row["speedup_rounds"])
+        row["bound"] = h / floor
+        if kind in GOAL_ROWS:
+            row["goal"] = goal(row["speedup_paired"], row["bound"], row["ours_over_floor"])
+    if flops is not None:
+        row.update(ours_flops_per_s=flops / o, ours_mfu=mfu(flops / o, peak),
+                   hf_flops_per_s=flops / h, hf_mfu=mfu(flops / h, peak))
+    return row
+
+
+def _compile_figures(first: dict[str, float], median: dict[str, float]) -> dict[str, Any]:
+    """Each model's compile (its compiled step's first call beyond its median one) and the
+    training steps from which the compile pays for itself against its own eager step (None
+    where the compiled step is no faster)."""
+    out = {}
+    for who in ("ours", "hf"):
+        compiled, eager = median[f"{who}:train-compiled"], median[f"{who}:train"]
+        compile_s = max(0.0, first[f"{who}:train-compiled"] - compiled)
+        out[f"{who}_compile_s"] = compile_s
+        out[f"{who}_over_eager"] = eager / compiled
+        out[f"{who}_break_even_steps"] = compile_s / (eager - compiled) if eager > compiled else None
+    return out
+
+
+def mfu_goal(rows: list[dict[str, Any]], dtype: str) -> dict[str, Any] | None:
+    """The bf16 training steps' MFU against :data:`MFU_GOAL` (None in another dtype): each
+    training row's ours MFU and ``met`` where it reaches the goal."""
+    if dtype != "bf16":
+        return None
+    return {r["kind"]: {"mfu": r["ours_mfu"], "goal": "met" if r["ours_mfu"] >= MFU_GOAL else "missed"}
+            for r in rows if r["kind"] in ("train", "train-compiled")}
 
 
 def _round_ratios(theirs: list[float] | None, ours: list[float]) -> list[float] | None:
@@ -278,7 +329,9 @@ def format_real_model(res: dict[str, Any]) -> str:
     if "load" in res:  # (a result written before the load row was measured has none)
         lines += ["", format_load(res["load"], res["load_repeats"])]
     lines += ["", f"Frozen-model step (learnable sinks in layers {res['frozen_start']}+, the layers below run once "
-                  f"without gradients) / full step: {res['frozen_over_full']:.3f}.", "",
+                  f"without gradients) / full step: {res['frozen_over_full']:.3f}."]
+    lines += _compiled_lines(res)
+    lines += ["",
               f"Products alone: the row's matrix products replayed on their own operands (the floor at the "
               f"row's shapes); speedup: the ratio of the medians; per round: the median of the rounds' own "
               f"ratios (the two ran side by side in each, so drifts of the machine between rounds cancel), "
@@ -286,5 +339,27 @@ def format_real_model(res: dict[str, Any]) -> str:
               f"left if everything else were free. Goal: met at a per-round speedup >= {goals['speedup']}; where the "
               f"bound is under that, at the floor within {goals['floor']}x of ours' products, else near it. The "
               f"forward row is the analysis forward (the loss of the tokens, as analyze runs it); the logits row, "
-              f"the same forward returning the logits, is there for reference and has no goal.", ""]
+              f"the same forward returning the logits, is there for reference and has no goal. The train-compiled "
+              f"row's products are the train row's (the same products, dispatched from the graph).", ""]
     return "\n".join(lines)
+
+
+def _compiled_lines(res: dict[str, Any]) -> list[str]:
+    """The compiled training row's compiles and break-even, and the bf16 MFU goal (a result
+    written before the compiled row was measured has neither)."""
+    row = next((r for r in res["rows"] if r["kind"] == "train-compiled"), None)
+    if row is None:
+        return []
+
+    def one(who: str, name: str) -> str:
+        even = row[f"{who}_break_even_steps"]
+        pays = f"pays for itself after {even:,.0f} steps" if even is not None else "never pays (no faster than eager)"
+        return (f"{name} compiled in {row[f'{who}_compile_s']:.1f} s, its step {row[f'{who}_over_eager']:.2f}x its "
+                f"eager one, {pays}")
+
+    lines = ["", f"Compiled training ({res['backend']}): {one('ours', 'ours')}; {one('hf', 'transformers')}."]
+    if res.get("mfu_goal"):
+        got = ", ".join(f"{kind} {100 * g['mfu']:.1f} % ({g['goal']})" for kind, g in res["mfu_goal"].items())
+        lines += ["", f"bf16 training MFU against the goal of {100 * res['goals']['mfu']:.0f} % of the measured peak: "
+                      f"{got}."]
+    return lines
