@@ -6,7 +6,7 @@ and its bad inputs."""
 import pytest
 import torch
 
-from gatedattn.ops import linear_cross_entropy, reference
+from gatedattn.ops import linear_cross_entropy, lm_loss, reference
 from test_fused_gate import saved_bytes  # tests/ops is on the path, as pytest runs it
 
 N, C, V = 37, 16, 50
@@ -28,11 +28,20 @@ def _grads(loss, tensors):
     return torch.autograd.grad((loss * weight).sum(), [t for t in tensors if t.requires_grad])
 
 
+@pytest.fixture(params=["kept", "recomputed"])
+def logits(request, monkeypatch):
+    """Both backward paths of a trained head: the forward's logits kept, or recomputed (a
+    budget of 0 bytes)."""
+    if request.param == "recomputed":
+        monkeypatch.setattr(lm_loss, "KEEP_LOGITS_BYTES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("chunk", [1, 5, 37, 100])
 @pytest.mark.parametrize("ignore", [False, True])
 @pytest.mark.parametrize("frozen_head", [False, True])  # a frozen head takes the one-pass path
-def test_matches_the_reference_in_float64(reduction, chunk, ignore, frozen_head):
+def test_matches_the_reference_in_float64(reduction, chunk, ignore, frozen_head, logits):
     h, w, t = _inputs(ignore=ignore, frozen_head=frozen_head)
     fused = linear_cross_entropy(h, w, t, reduction=reduction, chunk=chunk)  # chunk: vocabulary entries
     plain = reference.linear_cross_entropy(h, w, t, reduction=reduction)
@@ -53,7 +62,7 @@ def test_a_frozen_head_gets_no_gradient_and_the_input_the_reference_one():
 
 
 @pytest.mark.parametrize("frozen_head", [False, True])
-def test_under_bf16_autocast_it_computes_what_the_unfused_path_does(frozen_head):
+def test_under_bf16_autocast_it_computes_what_the_unfused_path_does(frozen_head, logits):
     h, w, t = _inputs(dtype=torch.float32, frozen_head=frozen_head)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fused = linear_cross_entropy(h, w, t, chunk=6)
@@ -68,22 +77,35 @@ def test_under_bf16_autocast_it_computes_what_the_unfused_path_does(frozen_head)
     torch.testing.assert_close(fused, reference.linear_cross_entropy(h, w, t), rtol=2e-2, atol=2e-2)
 
 
-def test_keeps_no_logits_for_backward():
+def _head(requires_grad=True):
     g = torch.Generator().manual_seed(1)
     h = torch.randn(256, 32, generator=g, requires_grad=True)
-    w = torch.randn(4096, 32, generator=g, requires_grad=True)
-    t = torch.randint(0, 4096, (256,), generator=g)
+    w = torch.randn(4096, 32, generator=g, requires_grad=requires_grad)
+    return h, w, torch.randint(0, 4096, (256,), generator=g)
+
+
+def test_keeps_no_logits_for_backward_beyond_the_budget(monkeypatch):
+    h, w, t = _head()
+    monkeypatch.setattr(lm_loss, "KEEP_LOGITS_BYTES", 256 * 4096 * 4 - 1)  # a byte short of the logits
     _, fused = saved_bytes(lambda: linear_cross_entropy(h, w, t))
     _, plain = saved_bytes(lambda: reference.linear_cross_entropy(h, w, t))
     logits_bytes = 256 * 4096 * 4
     assert plain >= logits_bytes and fused <= plain - logits_bytes + 16 * 256  # h, W and a few (N,) rows
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_within_the_budget_it_keeps_the_logits_once_in_the_products_dtype(monkeypatch, autocast):
+    h, w, t = _head()
+    monkeypatch.setattr(lm_loss, "KEEP_LOGITS_BYTES", 256 * 4096 * 4)  # float32 logits just fit
+    size = 2 if autocast else 4  # the products' dtype: bf16 under autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        _, fused = saved_bytes(lambda: linear_cross_entropy(h, w, t))
+    kept = fused - (h.numel() + w.numel()) * size  # beyond h and W: the logits and a few (N,) rows
+    assert 256 * 4096 * size <= kept <= 256 * 4096 * size + 16 * 256
+
+
 def test_a_frozen_head_keeps_only_the_inputs_gradient():
-    g = torch.Generator().manual_seed(1)
-    h = torch.randn(256, 32, generator=g, requires_grad=True)
-    w = torch.randn(4096, 32, generator=g)
-    t = torch.randint(0, 4096, (256,), generator=g)
+    h, w, t = _head(requires_grad=False)
     _, fused = saved_bytes(lambda: linear_cross_entropy(h, w, t))
     assert fused <= 256 * 32 * 4 + 16 * 256  # dL/dh (N, C) and a mask: neither h nor the head
 

@@ -410,7 +410,7 @@ class GatedLM(nn.Module):
         """Logits (B, T, V) of token ``ids`` (B, T) or of ``inputs_embeds`` (B, T, d_model);
         with ``targets`` (B, T) the mean next-token cross-entropy instead (targets of
         ``ignore_index`` -100 left out), the LM head and the loss fused
-        (:func:`gatedattn.ops.linear_cross_entropy`: no (B, T, V) logits are kept).
+        (:func:`gatedattn.ops.linear_cross_entropy`: no (B, T, V) float32 logits).
         ``attention_mask`` (B, past + T): 1 for tokens, 0 for padding; ``positions`` (T,) or
         (B, T) default to ``cumsum(attention_mask) - 1`` for a padded batch, else to
         ``past + arange(T)``; ``caches`` one ``KVCache`` per layer (``new_cache()``);
