@@ -608,14 +608,20 @@ def test_decode_bench_times_eager_and_compiled_paths_of_both_on_the_same_file(ll
 
 
 def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama_file, capsys, tmp_path, monkeypatch):
+    from gatedattn.bench.real_model import format_real_model
     from gatedattn.cli import main
 
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path))  # the peak it times stays out of the user's cache
     path, _ = llama_file
     ballast = torch.ones(2**28)  # 1 GiB held here: a child's peak must not count what its parent holds
-    assert main(["bench", "--real-model", str(path), "--quick", "--dtype", "fp32", "--json"]) == 0
+    kept = []  # --heap kept asks glibc to keep freed blocks (not in this test's process: it would stay so)
+    monkeypatch.setattr("gatedattn.bench.real_model.keep_freed_memory", lambda: kept.append(True) or True)
+    assert main(["bench", "--real-model", str(path), "--quick", "--dtype", "fp32", "--heap", "kept", "--json"]) == 0
     del ballast
     res = json.loads(capsys.readouterr().out)
+    assert kept == [True] and res["heap"] == "kept"
+    assert "freed blocks kept in the heap for the next step (`--heap kept`)" in format_real_model(res)
+    assert "freed blocks" not in format_real_model({**res, "heap": "default"})
     rows = {r["kind"]: r for r in res["rows"]}
     assert set(rows) == {"forward", "logits", "train", "train-compiled", "frozen", "decode"}
     for kind in ("forward", "logits", "train", "train-compiled", "decode"):
@@ -652,6 +658,14 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
     assert "--variants do not apply to --real-model" in capsys.readouterr().err
     assert main(["bench", "--decode", str(path), "--compile"]) == 2
     assert "--compile do not apply to --decode" in capsys.readouterr().err
+    assert main(["bench", "--decode", str(path), "--real-model", str(path)]) == 2
+    assert "--real-model and --decode are two benches" in capsys.readouterr().err
+    for other in (["--decode", str(path)], ["--quick"]):
+        assert main(["bench", *other, "--heap", "kept"]) == 2
+        assert "--heap kept applies to --real-model only" in capsys.readouterr().err
+    monkeypatch.setattr("gatedattn.bench.real_model.can_keep_freed_memory", lambda: False)  # musl, macOS
+    assert main(["bench", "--real-model", str(path), "--heap", "kept"]) == 2
+    assert "heap='kept' needs glibc's malloc" in capsys.readouterr().err
     assert main(["bench", "--decode", str(path), "--real-model", str(path)]) == 2
     assert "--real-model and --decode are two benches" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path)

@@ -8,6 +8,7 @@ import shlex
 import sys
 
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.heap import HEAPS
 from gatedattn.infra.inputs import input_options
 from gatedattn.infra.io import atomic_write_json
 from gatedattn.infra.outputs import check_file_output
@@ -44,6 +45,9 @@ def _run(args: argparse.Namespace) -> int:
                                               ("--decode", getattr(args, "decode", None) or None)])
     if args.real_model is not None and args.decode is not None:
         raise ConfigError("--real-model and --decode are two benches: give one of them")
+    if args.heap is not None and args.real_model is None:
+        raise ConfigError(f"--heap {args.heap} applies to --real-model only (both models in one process under "
+                          f"the same allocator)")
     if args.real_model is not None:
         return _run_real_model(args)
     if args.decode is not None:
@@ -92,12 +96,15 @@ def _report(args: argparse.Namespace, res: dict, markdown) -> int:
 
 
 def _run_real_model(args: argparse.Namespace) -> int:
-    from gatedattn.bench.real_model import format_real_model, run_real_model_bench  # lazy: --help must not import torch
+    from gatedattn.bench.real_model import (  # lazy: --help must not import torch
+        check_heap, format_real_model, run_real_model_bench)
 
     shape = _model_bench(args, "--real-model", "transformers' LlamaForCausalLM",
                          dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0, load_repeats=1,
                               backend="aot_eager"))
-    return _report(args, run_real_model_bench(args.real_model or None, dtype=args.dtype, **shape), format_real_model)
+    check_heap(args.heap or "default")  # before the models load
+    return _report(args, run_real_model_bench(args.real_model or None, dtype=args.dtype, heap=args.heap or "default",
+                                              **shape), format_real_model)
 
 
 def _run_decode(args: argparse.Namespace) -> int:
@@ -139,6 +146,9 @@ def register(sub) -> None:
                         "real-model study's frozen-model step (learnable sinks from its start layer up) and greedy "
                         "decoding, with MFU, each row's products alone and its per-round speedups (5 rounds "
                         "unless --repeats says otherwise)")
+    p.add_argument("--heap", choices=HEAPS, help="with --real-model: default (glibc returns freed blocks to the "
+                                                 "kernel, faulted in again at every step) or kept (kept in the heap "
+                                                 "for the next step, as jemalloc and tcmalloc do; both models alike)")
     p.add_argument("--decode", nargs="?", const="", metavar="PATH",
                    help="instead: greedy decoding of a pretrained model (a .gguf file or a model directory; default "
                         "the bundled SmolLM2-135M), ours eager and compiled over a static cache against "

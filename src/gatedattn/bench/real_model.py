@@ -57,6 +57,7 @@ import torch
 from gatedattn.bench.load import format_load, hf_model, load_row
 from gatedattn.bench.products import products_alone
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.heap import HEAPS, can_keep_freed_memory, keep_freed_memory
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.mfu import forward_flops, mfu, peak_flops
 from gatedattn.train.optim import fusable
@@ -208,13 +209,19 @@ def workloads(ours, theirs, ids: torch.Tensor, decode_new: int, precision,
 def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto", batch: int = 4, seq_len: int = 256,
                          decode_new: int = 16, repeats: int = 5, warmup: int = 2,
                          frozen_start: int | None = None, load_repeats: int = 2,
-                         backend: str = "inductor") -> dict[str, Any]:
+                         backend: str = "inductor", heap: str = "default") -> dict[str, Any]:
     """Time every workload; a JSON-ready dict with one row per workload kind. Two warm-up
     rounds: a training step's second call is its slowest (on SmolLM2 in bf16, 3.5 s against
     2.1 s from the third on; the heap grows once more when the activations first meet the
     optimizer's state), and the rows are the steady state. ``backend`` compiles the
-    ``train-compiled`` rows (another than inductor only to check the bench itself quickly)."""
+    ``train-compiled`` rows (another than inductor only to check the bench itself quickly).
+    ``heap="kept"`` runs both models with glibc's freed blocks kept for the next step
+    (:func:`gatedattn.infra.heap.keep_freed_memory`, for the rest of this process), not
+    returned to the kernel and faulted in again at every step as by default."""
+    check_heap(heap)
     path = Path(path) if path is not None else bundled_model_path()
+    if heap == "kept":
+        keep_freed_memory()
     precision = resolve_dtype(dtype, "cpu")
     ours = load_model(path)
     theirs = hf_model(path)
@@ -243,8 +250,18 @@ def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto",
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
             "rows": rows, "load": load, "load_repeats": load_repeats,
             "frozen_over_full": median["ours:frozen"] / median["ours:train"], "frozen_start": start,
-            "backend": backend, "mfu_goal": mfu_goal(rows, precision.dtype),
+            "backend": backend, "heap": heap, "mfu_goal": mfu_goal(rows, precision.dtype),
             "goals": {"speedup": SPEEDUP_GOAL, "floor": FLOOR_GOAL, "mfu": MFU_GOAL}}
+
+
+def check_heap(heap: str) -> None:
+    """``heap`` is one of :data:`gatedattn.infra.heap.HEAPS`, and ``kept`` only where the
+    allocator is glibc's."""
+    if heap not in HEAPS:
+        raise ConfigError(f"heap={heap!r} must be one of {', '.join(HEAPS)}")
+    if heap == "kept" and not can_keep_freed_memory():
+        raise ConfigError("heap='kept' needs glibc's malloc (mallopt and mallinfo2, glibc 2.33 or later); this "
+                          "process's C library is another")
 
 
 def _row(kind: str, times: dict, median: dict, alone: dict, flops: float | None, peak: float) -> dict[str, Any]:
@@ -307,7 +324,7 @@ def format_real_model(res: dict[str, Any]) -> str:
              f"{res['precision']['dtype']} ({res['precision']['reason']}); CPU capability {res['cpu_capability']}, "
              f"{res['threads']} threads; peak {res['peak']['flops_per_s'] / 1e9:.0f} GFLOP/s "
              f"({res['peak']['source']}); medians of {res['repeats']} interleaved rounds after "
-             f"{res.get('warmup', 1)} warm-up rounds.", "",
+             f"{res.get('warmup', 1)} warm-up rounds{_heap_words(res)}.", "",
              "| workload | ours (s) | transformers (s) | speedup | per round | ours MFU | transformers MFU "
              "| products alone: ours / transformers (s) | ours / its products | bound | goal |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -342,6 +359,14 @@ def format_real_model(res: dict[str, Any]) -> str:
               f"the same forward returning the logits, is there for reference and has no goal. The train-compiled "
               f"row's products are the train row's (the same products, dispatched from the graph).", ""]
     return "\n".join(lines)
+
+
+def _heap_words(res: dict[str, Any]) -> str:
+    """How freed memory was handled, where not glibc's default (a result written before the
+    option existed ran with the default)."""
+    if res.get("heap", "default") == "default":
+        return ""
+    return "; glibc's freed blocks kept in the heap for the next step (`--heap kept`), not returned to the kernel"
 
 
 def _compiled_lines(res: dict[str, Any]) -> list[str]:

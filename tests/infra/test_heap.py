@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+import pytest
+
+from gatedattn.infra.heap import can_keep_freed_memory
+
+pytestmark = pytest.mark.skipif(not can_keep_freed_memory(), reason="needs glibc's malloc")
+
+# A 64 MiB block is freed; where does it go? Each state in a fresh process: keeping freed
+# memory changes a process for good.
+FREE_AFTER_64_MIB = """
+import sys, torch
+from gatedattn.infra.heap import heap_free_bytes, keep_freed_memory
+if sys.argv[1] == "kept":
+    assert keep_freed_memory()
+block = torch.empty(64 << 20, dtype=torch.uint8)
+block.fill_(1)
+del block
+print(heap_free_bytes())
+"""
+
+
+def _free_after(heap: str) -> int:
+    out = subprocess.run([sys.executable, "-c", FREE_AFTER_64_MIB, heap], capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+def test_kept_heap_holds_a_freed_block_for_the_next_allocation():
+    assert _free_after("kept") >= 64 << 20  # kept in the heap, no page faults on its next use
+    assert _free_after("default") < 64 << 20  # glibc's default: unmapped, back to the kernel
