@@ -13,7 +13,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 
 
 @pytest.mark.parametrize("name", ["real-model-bf16.json", "real-model-fp32-avx2.json",
-                                  "real-model-bf16-avx512.json", "real-model-fp32-avx512.json"])
+                                  "real-model-bf16-avx512.json", "real-model-fp32-avx512.json",
+                                  "real-model-bf16-avx512-heap-kept.json", "real-model-fp32-avx512-heap-kept.json"])
 def test_each_committed_result_renders_to_the_lines_the_doc_shows(name):
     res = json.loads((DOCS / name).read_text())
     doc = (DOCS / "real-model.md").read_text()

@@ -5,9 +5,8 @@ its mmap threshold (128 KiB at start, rising with the blocks freed to at most 32
 mapped for that one allocation and unmapped on ``free``, and free memory at the top of the
 heap beyond the trim threshold is released. A training step allocates the same hundreds of
 megabytes every step (activations, logits, gradients), so each step takes them from the
-kernel again, one page fault per 4 KiB page touched. On SmolLM2-135M's training step (4 x 256
-tokens, fp32, AMD EPYC) that was about 0.25 s of ours' 5.6 s and 0.6 s of transformers' 6.2 s
-(``docs/benchmarks/real-model.md``).
+kernel again, one page fault per 4 KiB page touched (``gatedattn bench --real-model --heap
+kept`` measures what that costs a model's steps; ``docs/benchmarks/real-model.md``).
 
 :func:`keep_freed_memory` fixes both thresholds so that freed blocks stay in the heap for the
 next step, as jemalloc and tcmalloc keep them by default. The price: the process's resident
