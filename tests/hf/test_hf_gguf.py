@@ -663,6 +663,9 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
     for other in (["--decode", str(path)], ["--quick"]):
         assert main(["bench", *other, "--heap", "kept"]) == 2
         assert "--heap kept applies to --real-model only" in capsys.readouterr().err
+    monkeypatch.setattr("gatedattn.bench.real_model.keep_freed_memory", lambda: False)  # never timed as if kept
+    assert main(["bench", "--real-model", str(path), "--heap", "kept"]) == 2
+    assert "glibc's mallopt refused the thresholds; nothing was timed" in capsys.readouterr().err
     monkeypatch.setattr("gatedattn.bench.real_model.can_keep_freed_memory", lambda: False)  # musl, macOS
     assert main(["bench", "--real-model", str(path), "--heap", "kept"]) == 2
     assert "heap='kept' needs glibc's malloc" in capsys.readouterr().err

@@ -56,7 +56,7 @@ import torch
 
 from gatedattn.bench.load import format_load, hf_model, load_row
 from gatedattn.bench.products import products_alone
-from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.errors import ConfigError, GatedAttnError
 from gatedattn.infra.heap import HEAPS, can_keep_freed_memory, keep_freed_memory
 from gatedattn.models.casts import FrozenCasts
 from gatedattn.models.mfu import forward_flops, mfu, peak_flops
@@ -220,8 +220,8 @@ def run_real_model_bench(path: str | Path | None = None, *, dtype: str = "auto",
     returned to the kernel and faulted in again at every step as by default."""
     check_heap(heap)
     path = Path(path) if path is not None else bundled_model_path()
-    if heap == "kept":
-        keep_freed_memory()
+    if heap == "kept" and not keep_freed_memory():
+        raise GatedAttnError("heap='kept': glibc's mallopt refused the thresholds; nothing was timed")
     precision = resolve_dtype(dtype, "cpu")
     ours = load_model(path)
     theirs = hf_model(path)
