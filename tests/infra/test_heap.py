@@ -3,9 +3,9 @@ import sys
 
 import pytest
 
+from gatedattn.bench.real_model import check_heap
+from gatedattn.infra.errors import ConfigError
 from gatedattn.infra.heap import can_keep_freed_memory
-
-pytestmark = pytest.mark.skipif(not can_keep_freed_memory(), reason="needs glibc's malloc")
 
 # A 64 MiB block is freed; where does it go? Each state in a fresh process: keeping freed
 # memory changes a process for good.
@@ -26,6 +26,13 @@ def _free_after(heap: str) -> int:
     return int(out.stdout)
 
 
+@pytest.mark.skipif(not can_keep_freed_memory(), reason="needs glibc's malloc")
 def test_kept_heap_holds_a_freed_block_for_the_next_allocation():
     assert _free_after("kept") >= 64 << 20  # kept in the heap, no page faults on its next use
     assert _free_after("default") < 64 << 20  # glibc's default: unmapped, back to the kernel
+
+
+def test_a_heap_that_is_not_one_of_the_states_is_refused_naming_them():
+    check_heap("default")
+    with pytest.raises(ConfigError, match=r"heap='kep' must be one of default, kept"):
+        check_heap("kep")
