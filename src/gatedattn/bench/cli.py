@@ -96,13 +96,11 @@ def _report(args: argparse.Namespace, res: dict, markdown) -> int:
 
 
 def _run_real_model(args: argparse.Namespace) -> int:
-    from gatedattn.bench.real_model import (  # lazy: --help must not import torch
-        check_heap, format_real_model, run_real_model_bench)
+    from gatedattn.bench.real_model import format_real_model, run_real_model_bench  # lazy: --help must not import torch
 
     shape = _model_bench(args, "--real-model", "transformers' LlamaForCausalLM",
                          dict(batch=1, seq_len=16, decode_new=2, repeats=1, warmup=0, load_repeats=1,
                               backend="aot_eager"))
-    check_heap(args.heap or "default")  # before the models load
     return _report(args, run_real_model_bench(args.real_model or None, dtype=args.dtype, heap=args.heap or "default",
                                               **shape), format_real_model)
 

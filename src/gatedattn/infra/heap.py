@@ -17,7 +17,6 @@ on, and cannot be undone; a library does not call it by itself, a program's entr
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters (glibc's malloc.h)
@@ -36,14 +35,11 @@ class _Mallinfo2(ctypes.Structure):
 
 @functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc with ``mallopt`` and ``mallinfo2`` (2.33+), else None."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """This process's C library when it is glibc with ``mallopt`` and ``mallinfo2`` (2.33+),
+    else None."""
     try:
-        libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        libc.gnu_get_libc_version()
+        libc = ctypes.CDLL(None)  # the symbols the process already has
+        libc.gnu_get_libc_version  # glibc's own (musl and macOS have none)
         libc.mallopt.argtypes, libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
         libc.mallinfo2.restype = _Mallinfo2
     except (OSError, AttributeError):  # musl, macOS, or a glibc older than mallinfo2

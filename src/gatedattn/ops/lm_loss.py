@@ -11,10 +11,8 @@ for every row, accumulating each row's log-sum-exp (N,); backward turns a chunk'
 into ``softmax - onehot`` in place. It keeps the chunks' logits for backward, in the
 products' dtype (one N x V tensor in pieces, where the unfused path holds five), while they
 take at most ``KEEP_LOGITS_BYTES``; above that it keeps only the log-sum-exp and backward
-recomputes each chunk's logits, one more product of the head's size. On SmolLM2-135M's head
-(1,024 positions, 49,152 entries) forward and backward took 1.12 s keeping against 1.45 s
-recomputing in float32 and 0.65 against 0.73 s in bf16 (AMD EPYC, AVX-512), with the same
-gradients. The input's gradient is accumulated in float32; the head's is computed only where
+recomputes each chunk's logits, one more product of the head's size (what keeping saves:
+``docs/benchmarks/real-model.md``). The input's gradient is accumulated in float32; the head's is computed only where
 ``W`` requires it.
 
 With a frozen head (the real-model study's arms) the input's gradient is taken in the same

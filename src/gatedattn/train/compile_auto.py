@@ -2,10 +2,9 @@
 
 The run starts eager. After one warm-up step and ``PROBE_STEPS`` timed ones it knows its
 eager seconds per step. If the steps left would take less than ``MIN_RUN_S`` eagerly, a
-compile (10-80 s on a CPU, and a saving of 0-25 % a step where it saves anything; a cold
-compile of SmolLM2-135M's training step took 67-84 s and saved 8-14 % in two runs:
-``docs/benchmarks/real-model.md``) cannot pay for itself, and the run stays eager. Otherwise the model
-is compiled in place, and its first compiled step's time beyond a compiled step is the
+compile (tens of seconds on a CPU, and a saving of 0-25 % a step where it saves anything:
+``docs/benchmarks/real-model.md``) cannot pay for itself, and the run stays eager. Otherwise
+the model is compiled in place, and its first compiled step's time beyond a compiled step is the
 compile. Then the run alternates compiled and eager steps, ``PROBE_STEPS`` of each (switching
 costs nothing once both exist), so that a burst of load on the machine falls on both modes
 alike, and keeps the compiled model when the median compiled step is faster than the median
