@@ -25,9 +25,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # Under pytest-xdist (scripts/test.sh runs one worker per core) each worker computes on one
-# thread, so that the workers do not fight over the cores.
+# thread, and so do the processes its tests start, so that they do not fight over the cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_collection_modifyitems(items):

@@ -9,17 +9,20 @@ from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce import ReproduceConfig, TextConfig
 from gatedattn.train.config import ModelRecipe
 
+from test_pretrained_study import _tiny_model_dir  # tests/reproduce is on the path, as pytest runs it
+
 
 @pytest.mark.slow
 def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, capsys, small_study_text):
     out = tmp_path / "report"
-    assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
+    shorter = ["--steps", "12", "--set", "text.train.micro_batch=4", "--set", "mechanism.steps=40"]  # every part still trains
+    assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q", *shorter]) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["variants"]) == {"baseline", "gated"}
     for variant, summary in results["summary"].items():
         assert summary["val_loss"]["mean"] > 0 and summary["f_attn"]["mean"] >= 0
         run = results["variants"][variant]["runs"][0]
-        assert run["steps"] == 40 and len(run["analysis"]["f_attn_per_layer"]) == 4
+        assert run["steps"] == 12 and len(run["analysis"]["f_attn_per_layer"]) == 4
         assert run["over_training"]["f_attn"], "sink metrics recorded during training"
         assert run["extrapolation"]["lengths"] == [128, 256]
     assert results["summary"]["gated"]["gate_mean"]["mean"] is not None
@@ -45,7 +48,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
     assert lm["sink"]["f_attn_per_layer"][3] > 0.3  # SmolLM2's fourth layer already parks its attention on position 0
     assert (out / "lm_noop_curve.png").stat().st_size > 1000 and "(lm_noop_curve.png)" in report
     assert "(bos_attention_L1.png)" in report and (out / "bos_attention_L1.png").stat().st_size > 1000
-    assert "each run here trained 0.04 M tokens" in report
+    assert "each run here trained 0.01 M tokens" in report and "12 steps × 512 tokens" in report
     from gatedattn.reproduce.report import write_report  # a section hook adds its lines before "Reproduce"
 
     text = write_report(results, tmp_path / "sections", sections=[lambda r, o: ["## Extra study", "", "extra", ""]],
@@ -54,7 +57,7 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
     assert not list((tmp_path / "sections").glob("*.png")) and ".png)" not in text and "## Plots" in text
     # a second call reuses the finished runs (resume) and rewrites the same numbers
     before = results["summary"]["gated"]["val_loss"]
-    assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
+    assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q", *shorter]) == 0
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["gated"]["val_loss"] == before
     assert again["mechanism"]["depths"] == mech["depths"]  # part 1's runs reused too
@@ -76,9 +79,11 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
 
 
 @pytest.mark.slow
-def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp_path, capsys, small_study_text):
+def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp_path, capsys, small_study_text,
+                                                                           default_corpus_dir):
     out = tmp_path / "report"
-    assert main(["reproduce", "--quick", "--no-mechanism", "--out", str(out), "-q"]) == 0
+    model = _tiny_model_dir(tmp_path, default_corpus_dir)  # the real-model part on a micro model: seconds
+    assert main(["reproduce", "--quick", "--no-mechanism", "--model", str(model), "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert "variants" not in results and "claims" not in results and results["pretrained"]["claims"]
     assert not (out / "data").exists() and not list(out.glob("baseline*"))  # no corpus prepared, nothing trained
