@@ -191,7 +191,7 @@ def test_cli_bad_variant_is_one_line(capsys):
 def test_lr_study_records_divergence(tmp_path, default_cache, capsys):
     out = tmp_path / "lr"
     # 3.0 is far past stability for AdamW: at least one run must diverge and be reported
-    assert main(["reproduce", "--quick", "--study", "lr", "--lrs", "1e-3,3.0", "--steps", "8", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
+    assert main(["reproduce", "--quick", "--study", "lr", "--lrs", "1e-3,3.0", "--steps", "8", "--batch-size", "4", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
     runs = results["lr_study"]["runs"]
     assert {(r["variant"], r["lr"]) for r in runs} == {(v, lr) for v in ("baseline", "gated") for lr in (1e-3, 3.0)}

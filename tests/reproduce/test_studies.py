@@ -222,7 +222,7 @@ def test_gpu_scale_up_script_runs_its_pipeline_on_cpu(tmp_path, data_dir):
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable, "OUT": str(tmp_path / "gpu")}
-    proc = subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh"), "--quick", "--steps", "6", "--multiples", "1",
+    proc = subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh"), "--quick", "--steps", "6", "--batch-size", "4", "--multiples", "1",
                            "--data", data_dir, "-q"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "gpu" / "results.json").read_text())
