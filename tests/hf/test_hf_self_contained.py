@@ -49,7 +49,8 @@ assert not [m for m in sys.modules if m.split(".")[0] == "gatedattn"]
 torch.save({"logits": logits, "generated": out, "module": type(model).__module__}, reference + ".out")
 """
 
-# ("gated" itself is loaded in every kind of save by the test after this one)
+# the architectures beyond "gated" (which every kind of save holds), saved self-contained
+# with save_self_contained; loaded by the same fresh interpreter as every kind of save
 MODELS = {
     "hyga-sink": dict(variant="hyga-sink"),
     "mla": dict(variant="gated", attention_fields={"kv": "mla"}),
@@ -57,29 +58,15 @@ MODELS = {
 ENV = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.mark.slow  # a fresh interpreter each (it imports torch and transformers: seconds)
-@pytest.mark.parametrize("name", list(MODELS))
-def test_self_contained_checkpoint_loads_without_gatedattn(tmp_path, name):
+def _self_contained(root, name: str) -> tuple:
+    """``MODELS[name]`` with random weights, saved by ``save_self_contained``: (directory, model)."""
     torch.manual_seed(0)
     model = GatedLM(ModelConfig.from_preset("micro", vocab_size=V, **MODELS[name])).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    save_self_contained(model, tmp_path / "model")
-    ids = torch.randint(0, V, (2, 9))
-    with torch.no_grad():
-        want = model(ids)
-    torch.save({"ids": ids}, tmp_path / "ref.pt")
-    cwd = tmp_path / "elsewhere"
-    cwd.mkdir()
-    env = {**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "model"), str(tmp_path / "ref.pt")],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = torch.load(tmp_path / "ref.pt.out")
-    assert got["module"].startswith("transformers_modules.") and got["module"].endswith(".modeling_gatedattn")
-    torch.testing.assert_close(got["logits"], want, atol=1e-6, rtol=0)
-    assert torch.equal(got["generated"], model.generate(ids[:1, :4], 5, temperature=0))
+    save_self_contained(model, root / f"self-contained-{name}")
+    return root / f"self-contained-{name}", model
 
 
 EVERY_KIND = CHILD.split("directory, reference = ")[0] + r"""
@@ -144,11 +131,12 @@ def _every_kind_of_save(root) -> dict[str, GatedLM]:
     return {kind: (path, held[kind]) for kind, path in dirs.items()}
 
 
-@pytest.mark.slow  # one fresh interpreter for every kind
+@pytest.mark.slow  # one fresh interpreter for every kind (it imports torch and transformers: seconds)
 def test_every_kind_of_save_loads_where_gatedattn_cannot_be_imported(tmp_path):
     from transformers import GenerationConfig
 
     saves = _every_kind_of_save(tmp_path)
+    saves.update({f"self-contained {name}": _self_contained(tmp_path, name) for name in MODELS})
     for kind, (path, model) in saves.items():  # generation_config.json from every save too
         assert GenerationConfig.from_pretrained(path).eos_token_id == model.cfg.eos_token_id, kind
     assert GenerationConfig.from_pretrained(saves["final"][0]).eos_token_id is not None  # the data's EOS
@@ -162,11 +150,11 @@ def test_every_kind_of_save_loads_where_gatedattn_cannot_be_imported(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(tmp_path / "ref.pt.out")
     assert "gatedattn" in got.pop("convert --no-code")  # no code, no model: the rule holds both ways
-    assert set(got) == {"save_pretrained", "convert", "wrapper", "trainer", "final"}
+    assert set(got) == {"save_pretrained", "convert", "wrapper", "trainer", "final", *(f"self-contained {n}" for n in MODELS)}
     for kind, out in got.items():
         assert isinstance(out, dict), f"{kind}: {out}"
         model = saves[kind][1]
-        assert out["module"].endswith(".modeling_gatedattn"), kind
+        assert out["module"].startswith("transformers_modules.") and out["module"].endswith(".modeling_gatedattn"), kind
         with torch.no_grad():
             torch.testing.assert_close(out["logits"], model(ids), atol=1e-6, rtol=0, msg=kind)
         want, n = model.generate(ids[:1, :4], 5, temperature=0), out["generated"].shape[1]
