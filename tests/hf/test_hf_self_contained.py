@@ -20,7 +20,8 @@ from gatedattn.models.lm import GatedLM, ModelConfig
 
 V = 61
 
-CHILD = r"""
+# the start of the child: a fresh interpreter in which every gatedattn module is refused
+NO_GATEDATTN = r"""
 import sys
 
 class _NoGatedattn:
@@ -38,15 +39,6 @@ else:
 
 import torch
 from transformers import AutoModelForCausalLM
-
-directory, reference = sys.argv[1], sys.argv[2]
-ref = torch.load(reference)
-model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
-with torch.no_grad():
-    logits = model(ref["ids"]).logits
-out = model.generate(ref["ids"][:1, :4], max_new_tokens=5, do_sample=False)
-assert not [m for m in sys.modules if m.split(".")[0] == "gatedattn"]
-torch.save({"logits": logits, "generated": out, "module": type(model).__module__}, reference + ".out")
 """
 
 # the architectures beyond "gated" (which every kind of save holds), saved self-contained
@@ -69,7 +61,7 @@ def _self_contained(root, name: str) -> tuple:
     return root / f"self-contained-{name}", model
 
 
-EVERY_KIND = CHILD.split("directory, reference = ")[0] + r"""
+EVERY_KIND = NO_GATEDATTN + r"""
 import json
 directories, reference = json.loads(sys.argv[1]), sys.argv[2]
 ids = torch.load(reference)["ids"]
