@@ -669,8 +669,6 @@ def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama
     monkeypatch.setattr("gatedattn.bench.real_model.can_keep_freed_memory", lambda: False)  # musl, macOS
     assert main(["bench", "--real-model", str(path), "--heap", "kept"]) == 2
     assert "heap='kept' needs glibc's malloc" in capsys.readouterr().err
-    assert main(["bench", "--decode", str(path), "--real-model", str(path)]) == 2
-    assert "--real-model and --decode are two benches" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path)
     for bench in ("--decode", "--real-model"):  # the bundled model (no PATH) is no input an --out could overlap
         assert main(["bench", bench, "--out", "here.json", "--variants", "gated"]) == 2

@@ -50,13 +50,19 @@ MODELS = {
 ENV = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-def _self_contained(root, name: str) -> tuple:
-    """``MODELS[name]`` with random weights, saved by ``save_self_contained``: (directory, model)."""
+def _random_micro(**fields) -> GatedLM:
+    """A micro model of ``fields`` (seeded), every weight moved off its initial value."""
     torch.manual_seed(0)
-    model = GatedLM(ModelConfig.from_preset("micro", vocab_size=V, **MODELS[name])).eval()
+    model = GatedLM(ModelConfig.from_preset("micro", vocab_size=V, **fields)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _self_contained(root, name: str) -> tuple:
+    """``MODELS[name]`` with random weights, saved by ``save_self_contained``: (directory, model)."""
+    model = _random_micro(**MODELS[name])
     save_self_contained(model, root / f"self-contained-{name}")
     return root / f"self-contained-{name}", model
 
@@ -94,11 +100,7 @@ def _every_kind_of_save(root) -> dict[str, GatedLM]:
     from gatedattn.data import prepare
     from gatedattn.train import TrainConfig, train
 
-    torch.manual_seed(0)
-    model = GatedLM(ModelConfig.from_preset("micro", vocab_size=V, variant="gated")).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    model = _random_micro(variant="gated")
     dirs = {"save_pretrained": root / "saved", "convert": root / "converted", "wrapper": root / "wrapper",
             "trainer": root / "trainer", "final": root / "run" / "final", "convert --no-code": root / "no-code"}
     model.save_pretrained(dirs["save_pretrained"])
