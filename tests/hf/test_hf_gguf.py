@@ -420,6 +420,55 @@ def test_a_files_tokenizer_is_built_once_per_machine_and_read_back_from_the_cach
     assert hf_gguf.gguf_hf_tokenizer(path)(text).input_ids == built(text).input_ids
 
 
+def test_processes_that_need_a_files_tokenizer_at_once_build_it_once(tmp_path, monkeypatch):
+    """Two processes ask for the same file's tokenizer at once (past a barrier): one builds
+    it while the other waits on its lock, then reads the first's from the cache. Each build
+    waits (up to a second) for a second one to start, so two builds at once would be seen.
+    The lock file left behind by a holder that has ended blocks no later build."""
+    import multiprocessing
+    import shutil
+    import time
+
+    from transformers import modeling_gguf_pytorch_utils as transformers_gguf_utils
+
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"))
+    builds = tmp_path / "builds"
+    builds.touch()
+    real = transformers_gguf_utils.load_gguf_checkpoint
+
+    def building(gguf_path, **kw):  # one line per build, then a second's wait for another
+        with open(builds, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        deadline = time.monotonic() + 1
+        while len(builds.read_text().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real(gguf_path, **kw)
+    monkeypatch.setattr(transformers_gguf_utils, "load_gguf_checkpoint", building)
+    text = "the then<|endoftext|> in the"
+    forked = multiprocessing.get_context("fork")  # this process's imports, none paid again
+    barrier = forked.Barrier(2)
+
+    def child(out: Path) -> None:
+        barrier.wait()
+        out.write_text(json.dumps(hf_gguf.gguf_hf_tokenizer(path)(text).input_ids))
+    children = [forked.Process(target=child, args=(tmp_path / f"ids{i}",)) for i in range(2)]
+    for c in children:
+        c.start()
+    for c in children:
+        c.join(120)
+    assert [c.exitcode for c in children] == [0, 0]
+    assert len(builds.read_text().split()) == 1  # one build, read back by the other process
+    ids = [json.loads((tmp_path / f"ids{i}").read_text()) for i in range(2)]
+    assert ids[0] == ids[1] and len(ids[0]) > 3
+    where = hf_gguf.tokenizer_cache_dir(hf_gguf.read_header(path))
+    assert (where.parent / f"{where.name}.lock").is_file()
+    shutil.rmtree(where)
+    hf_gguf._TOKENIZERS.clear()
+    assert hf_gguf.gguf_hf_tokenizer(path)(text).input_ids == ids[0]
+    assert len(builds.read_text().split()) == 2 and (where / "tokenizer.json").is_file()
+
+
 def test_convert_from_gguf_writes_tokenizer_and_round_trips(llama_file, tmp_path, capsys):
     path, source = llama_file
     out = tmp_path / "converted"
@@ -556,28 +605,44 @@ def test_missing_bundled_package_names_the_pip_command(monkeypatch):
 
 # ----------------------------------------------------------------------------- the real model
 @pytest.mark.slow
-def test_bundled_smollm2_matches_transformers():
+def test_bundled_smollm2_matches_transformers(monkeypatch):
     try:
         path = bundled_model_path()
     except GatedAttnError as e:
         pytest.skip(str(e))
+    # transformers' loader parses the file's header twice (config, then tensors) and builds
+    # gguf's name map once per module: pure functions of the file and of their arguments,
+    # each computed once here (one_parse: the file's one GGUFReader; the parse of its 49152
+    # tokens and merges in Python is most of the load)
+    import functools
+
+    import gguf
+
+    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
     ours = load_model(path)
     assert (ours.cfg.n_layers, ours.cfg.attention.d_model, ours.cfg.vocab_size) == (30, 576, 49152)
     # <|im_start|>The capital of France is Paris, and the capital of Italy is the capital (the embedded
     # tokenizer's ids; building that tokenizer would add seconds)
     ids = torch.tensor([[1, 504, 3575, 282, 4649, 314, 7042, 28, 284, 260, 3575, 282, 7158, 314, 260, 3575]])
-    ref = transformers_gguf(path)
+    with hf_gguf.one_parse():
+        ref = transformers_gguf(path)
     expected = logits(ref, ids)
     torch.testing.assert_close(logits(ours, ids), expected, atol=1e-4, rtol=0)
     assert expected[0, -1].argmax() == logits(ours, ids)[0, -1].argmax()
 
 
-def test_a_load_that_fails_in_its_child_is_one_line_naming_the_loader(tmp_path):
-    from gatedattn.bench.load import load_row
+def test_a_load_that_fails_in_its_child_is_one_line_naming_the_loader(tmp_path, monkeypatch):
+    import sys
+
+    from gatedattn.bench.load import load_once, load_row
 
     with pytest.raises(GatedAttnError, match=r"^bench --real-model: the ours load of .*missing.gguf failed "
                                              r"\(.*does not exist"):
         load_row(tmp_path / "missing.gguf", repeats=1, threads=1)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # importing it now fails: the path is refused first
+    for loader in ("ours", "hf"):
+        with pytest.raises(GatedAttnError, match=r"missing.gguf does not exist$"):
+            load_once(loader, tmp_path / "missing.gguf", threads=1)
 
 
 def test_decode_bench_times_eager_and_compiled_paths_of_both_on_the_same_file(llama_file):

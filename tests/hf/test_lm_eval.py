@@ -68,9 +68,11 @@ def test_lm_eval_loglikelihoods_are_the_models(tmp_path, monkeypatch, caplog):
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "toy_mc.yaml").write_text(TASK.format(data=data))
 
+    # only the toy task is indexed (lm-eval's own thousands of task files take seconds to index)
+    tasks = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
     results = simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'model'},trust_remote_code=True,"
                                                      f"dtype=float32", tasks=["toy_mc"], batch_size=4, device="cpu",
-                              log_samples=True, task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
+                              log_samples=True, task_manager=tasks)
     samples = results["samples"]["toy_mc"]
     assert len(samples) == len(docs)
     messages = [r.getMessage() for r in caplog.records]

@@ -41,12 +41,15 @@ def hf_model(path: Path):
 
 def load_once(loader: str, path: str | Path, threads: int) -> dict[str, float]:
     """Load ``path`` with ``loader`` in this process; its seconds and this process's peak
-    resident bytes (what a child reports)."""
+    resident bytes (what a child reports). A path that is not there is refused first, before
+    the seconds of importing transformers."""
+    path = Path(path)
+    if not path.exists():
+        raise GatedAttnError(f"{path} does not exist")
     # imported before the clock starts, for both loaders alike (ours reads GGUF metadata through it too)
     import transformers  # lazy: heavy (transformers)  # noqa: F401
 
     torch.set_num_threads(threads)
-    path = Path(path)
     started = time.perf_counter()
     if loader == "ours":
         load_model(path)

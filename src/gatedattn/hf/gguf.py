@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import hashlib
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from math import prod
@@ -510,19 +512,54 @@ def tokenizer_cache_dir(header: Header) -> Path:
 def cached_tokenizer(header: Header):
     """The tokenizer embedded in ``header``'s file: read from :func:`tokenizer_cache_dir`
     (0.2 s for SmolLM2's) where an earlier call left it, else built by transformers' GGUF
-    converter (seconds: it reads the whole vocabulary in Python) and left there. A cache
-    that cannot be read or written is passed over: the tokenizer is then built."""
+    converter (seconds: it reads the whole vocabulary in Python) and left there. Processes
+    that need it at once build it once: the others wait for that build and read it
+    (:func:`_build_lock`). A cache that cannot be read or written is passed over: the
+    tokenizer is then built."""
     from transformers import AutoTokenizer  # lazy: heavy (transformers)
 
     where = tokenizer_cache_dir(header)
+    cached = _cached_tokenizer(where)
+    if cached is not None:
+        return cached
+    with _build_lock(where):
+        cached = _cached_tokenizer(where)  # built by another process while this one waited
+        if cached is not None:
+            return cached
+        with quiet_transformers(), one_parse():
+            built = AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
+        with contextlib.suppress(OSError, GatedAttnError), atomic_dir(where) as tmp:
+            built.save_pretrained(str(tmp))
+    return built
+
+
+def _cached_tokenizer(where: Path):
+    """The tokenizer kept in ``where``, or None where there is none or it cannot be read."""
+    from transformers import AutoTokenizer  # lazy: heavy (transformers)
+
     if (where / "tokenizer.json").is_file():
         with contextlib.suppress(Exception), quiet_transformers():
             return AutoTokenizer.from_pretrained(str(where))
-    with quiet_transformers(), one_parse():
-        built = AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
-    with contextlib.suppress(OSError, GatedAttnError), atomic_dir(where) as tmp:
-        built.save_pretrained(str(tmp))
-    return built
+    return None
+
+
+@contextlib.contextmanager
+def _build_lock(where: Path):
+    """Held while the tokenizer kept in ``where`` is built: an exclusive ``flock`` on the file
+    ``<where>.lock`` beside it, which a second process waits for, then reads the first's
+    tokenizer instead of building it too. The kernel releases the lock when its holder ends
+    (a killed build leaves the file, never a held lock); where the file cannot be made or
+    locked (a cache that cannot be written), the tokenizer is built without it."""
+    fd = None
+    with contextlib.suppress(OSError):
+        where.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(where.parent / f"{where.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def gguf_tokenizer(path: str | Path):
