@@ -151,6 +151,38 @@ def test_same_seed_same_output_other_seed_other_split(tmp_path: Path, text_dir: 
     assert ma.val_document_ids != mc.val_document_ids
 
 
+def test_a_tokenizer_without_the_offset_free_encoder_writes_the_same_data(tmp_path: Path, text_dir: Path,
+                                                                          prepared: Path, monkeypatch) -> None:
+    """prepare encodes with ``encode_batch_fast`` (ids without offsets) where the tokenizers
+    library has it; with only ``encode_batch`` (older versions) the output is the same, byte
+    for byte."""
+    prepare_module = importlib.import_module("gatedattn.data.prepare")
+    train_tokenizer = prepare_module.train_tokenizer
+    used = []
+
+    class WithoutFastEncoder:
+        """The tokenizer, less ``encode_batch_fast``."""
+
+        def __init__(self, tok):
+            object.__setattr__(self, "_tok", tok)
+
+        def __getattr__(self, name):
+            if name == "encode_batch_fast":
+                raise AttributeError(name)
+            used.append(name)
+            return getattr(self._tok, name)
+
+        def __setattr__(self, name, value):  # encode_special_tokens, set by prepare
+            setattr(self._tok, name, value)
+
+    monkeypatch.setattr(prepare_module, "train_tokenizer", lambda *a, **kw: WithoutFastEncoder(train_tokenizer(*a, **kw)))
+    out = tmp_path / "again"
+    prepare([text_dir], out, vocab_size=SMALL_VOCAB, val_fraction=0.25, seed=0, progress=False)
+    assert "encode_batch" in used
+    for f in ("train.bin", "val.bin", "tokenizer.json", "manifest.json"):
+        assert (out / f).read_bytes() == (prepared / f).read_bytes(), f
+
+
 def test_user_tokenizer_is_copied_and_used(tmp_path: Path, text_dir: Path, prepared: Path) -> None:
     tok = prepared / "tokenizer.json"
     out = tmp_path / "again"
