@@ -584,7 +584,7 @@ def all_cases(f):
 
 
 def snapshot(root: Path) -> set[str]:
-    """Every path under ``root`` (os.walk: the case loop takes two of these per case)."""
+    """Every path under ``root`` (os.walk: the case loop takes one of these per case)."""
     start = len(os.fspath(root)) + 1
     return {os.path.join(d, name)[start:] for d, dirs, files in os.walk(root) for name in dirs + files}
 
@@ -593,8 +593,9 @@ def test_every_bad_invocation_is_one_line_with_no_files(fx, capsys, monkeypatch)
     monkeypatch.chdir(fx["root"])
     cases = all_cases(fx)
     failures = []
+    after = snapshot(fx["root"])
     for name, argv in cases:
-        before = snapshot(fx["root"])
+        before = after  # what the previous case left (nothing runs in between)
         capsys.readouterr()
         try:
             code = main([str(a) for a in argv])
@@ -602,10 +603,12 @@ def test_every_bad_invocation_is_one_line_with_no_files(fx, capsys, monkeypatch)
             code = e.code
         except BaseException as e:  # noqa: BLE001 - an escaped exception is a traceback
             failures.append(f"{name}: raised {type(e).__name__}: {e}")
+            after = snapshot(fx["root"])
             continue
         err = capsys.readouterr().err
         lines = err.strip().splitlines()
-        new = snapshot(fx["root"]) - before
+        after = snapshot(fx["root"])
+        new = after - before
         if not code:
             failures.append(f"{name}: exit {code} (accepted)")
         elif len(lines) != 1 or "Traceback" in err:

@@ -727,7 +727,9 @@ class _Crash(BaseException):
 def _crash_image(monkeypatch, where: Path, image: Path, at: int, *, swap: bool):
     """A fault hook that, at its ``at``-th call, copies ``where`` (the directory of the output)
     to ``image`` as a SIGKILL at that moment would leave it (no cleanup runs there, no lock
-    is held), then stops the writer. ``swap``: the one-step exchange, else the two-step rename."""
+    is held), then stops the writer. ``swap``: the one-step exchange, else the two-step
+    rename; a write takes the same steps either way until it first tries the exchange, so
+    the two-step variant counts (and kills at) only the steps from there on."""
     from gatedattn.infra import io
     from gatedattn.models.code import bundle_sources
 
@@ -736,18 +738,23 @@ def _crash_image(monkeypatch, where: Path, image: Path, at: int, *, swap: bool):
     code = sorted(bundle_sources())
     alike = set(code[1:-1])
     calls = []
+    tried = []  # the exchanges tried so far
 
     def hook(point, path):
-        if Path(path).name in alike:
+        if Path(path).name in alike or (not swap and not tried):
             return
         calls.append(point)
         if len(calls) - 1 == at:
             shutil.copytree(where, image, symlinks=True)
             raise _Crash(point)
 
+    def exchange(a, b):
+        tried.append(b)
+        return real_exchange(a, b) if swap else False
+
+    real_exchange = io.exchange
     monkeypatch.setattr(io, "FAULT_HOOK", hook)
-    if not swap:
-        monkeypatch.setattr(io, "exchange", lambda a, b: False)
+    monkeypatch.setattr(io, "exchange", exchange)
     return calls
 
 
@@ -802,41 +809,48 @@ def test_a_crash_at_any_step_of_a_replace_keeps_an_output_whole(data_dir, tmp_pa
     """For every writer that replaces an output, a kill at each step of the write (each file
     written, the swap, the rename aside, the rename in) leaves the previous output (or, once
     it is in place, the new one) loadable; the next run of the writer succeeds and leaves
-    no temporaries beside it."""
-    for name, write, load in _writers(data_dir, tmp_path):
-        root = tmp_path / name
-        root.mkdir()
-        write(root, False)
-        old = load(root)
-        new_value = None
-        for at in range(64):
-            image = tmp_path / f"{name}-crash-{at}"
-            calls = _crash_image(monkeypatch, root, image, at, swap=swap)
-            try:
-                write(root, True)
-            except _Crash:
-                pass
-            else:  # the write passed every fault point: done
-                monkeypatch.undo()
-                new_value = load(root)
-                write(root, False)  # back to the previous output, for the next round's runs
-                break
-            finally:
-                monkeypatch.undo()
-            point = calls[-1]
-            got = load(image)
-            if point in ("replace:swapped", "replace:placed") and name != "checkpoint":  # (its pointer comes last)
-                assert got != old, (name, point)  # the new output is in place and whole
-            else:
-                assert got == old, (name, point)
-            write(image, True)
-            assert load(image) != old, (name, point)
-            out = image / ("run/checkpoints" if name == "checkpoint" else "")
-            assert not _leftovers(out), (name, point, _leftovers(out))
-            shutil.rmtree(image)
-        assert new_value is not None and new_value != old, name
-        assert {"replace:swapped" if swap else "replace:aside"} <= set(calls) or name == "checkpoint", (name, calls)
-        assert load(root) == old and not _leftovers(root)
+    no temporaries beside it. (What a kill leaves does not depend on fsync: the page cache
+    outlives the process. The writers' fsyncs are skipped here.)"""
+    with pytest.MonkeyPatch.context() as no_fsync:  # kept across the monkeypatch.undo() below
+        no_fsync.setattr(os, "fsync", lambda fd: None)
+        for name, write, load in _writers(data_dir, tmp_path):
+            _crash_at_every_step(monkeypatch, tmp_path, name, write, load, swap)
+
+
+def _crash_at_every_step(monkeypatch, tmp_path: Path, name: str, write, load, swap: bool) -> None:
+    root = tmp_path / name
+    root.mkdir()
+    write(root, False)
+    old = load(root)
+    new_value = None
+    for at in range(64):
+        image = tmp_path / f"{name}-crash-{at}"
+        calls = _crash_image(monkeypatch, root, image, at, swap=swap)
+        try:
+            write(root, True)
+        except _Crash:
+            pass
+        else:  # the write passed every fault point: done
+            monkeypatch.undo()
+            new_value = load(root)
+            write(root, False)  # back to the previous output, for the next round's runs
+            break
+        finally:
+            monkeypatch.undo()
+        point = calls[-1]
+        got = load(image)
+        if point in ("replace:swapped", "replace:placed") and name != "checkpoint":  # (its pointer comes last)
+            assert got != old, (name, point)  # the new output is in place and whole
+        else:
+            assert got == old, (name, point)
+        write(image, True)
+        assert load(image) != old, (name, point)
+        out = image / ("run/checkpoints" if name == "checkpoint" else "")
+        assert not _leftovers(out), (name, point, _leftovers(out))
+        shutil.rmtree(image)
+    assert new_value is not None and new_value != old, name
+    assert {"replace:swapped" if swap else "replace:aside"} <= set(calls) or name == "checkpoint", (name, calls)
+    assert load(root) == old and not _leftovers(root)
 
 
 _KILL_BETWEEN_RENAMES = """
