@@ -1,4 +1,5 @@
-"""Self-contained checkpoints load in transformers where gatedattn cannot be imported.
+"""Self-contained checkpoints load in transformers where gatedattn cannot be imported, and
+the model loaded there (remote code) saves directories that load again.
 
 The loading runs in a fresh interpreter whose import system refuses every ``gatedattn``
 module (the package is installed in this environment, so it is blocked, not absent),
@@ -47,6 +48,9 @@ MODELS = {
     "hyga-sink": dict(variant="hyga-sink"),
     "mla": dict(variant="gated", attention_fields={"kv": "mla"}),
 }
+# the kind the child, having loaded it as remote code, saves again (its own save_pretrained and
+# transformers' Trainer.save_model), and loads again
+RESAVED = "self-contained hyga-sink"
 ENV = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -69,12 +73,12 @@ def _self_contained(root, name: str) -> tuple:
 
 EVERY_KIND = NO_GATEDATTN + r"""
 import json
-directories, reference = json.loads(sys.argv[1]), sys.argv[2]
+directories, reference, resaved, resaved_kind = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 ids = torch.load(reference)["ids"]
-got = {}
+got, models = {}, {}
 for kind, directory in directories.items():
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+        model = models[kind] = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
     except Exception as e:  # a directory without the code: transformers does not know model_type gatedattn
         got[kind] = f"{type(e).__name__}: {e}"
         continue
@@ -82,6 +86,18 @@ for kind, directory in directories.items():
         got[kind] = {"logits": model(ids).logits,
                      "generated": model.generate(ids[:1, :4], max_new_tokens=5, do_sample=False),
                      "module": type(model).__module__}
+
+# the remote-code model saves directories that load again: its own save_pretrained, Trainer.save_model
+from transformers import Trainer, TrainingArguments
+
+model = models[resaved_kind]
+model.save_pretrained(resaved + "/resaved")
+Trainer(model=model, args=TrainingArguments(resaved + "/run", report_to=[], use_cpu=True)).save_model(resaved + "/trainer")
+got["saved again"] = {}
+for name in ("resaved", "trainer"):
+    again = AutoModelForCausalLM.from_pretrained(resaved + "/" + name, trust_remote_code=True)
+    with torch.no_grad():
+        got["saved again"][name] = {"logits": again(ids).logits, "module": type(again).__module__}
 assert not [m for m in sys.modules if m.split(".")[0] == "gatedattn"]
 torch.save(got, reference + ".out")
 """
@@ -126,7 +142,7 @@ def _every_kind_of_save(root) -> dict[str, GatedLM]:
 
 
 @pytest.mark.slow  # one fresh interpreter for every kind (it imports torch and transformers: seconds)
-def test_every_kind_of_save_loads_where_gatedattn_cannot_be_imported(tmp_path):
+def test_every_kind_of_save_loads_and_saves_again_where_gatedattn_cannot_be_imported(tmp_path):
     from transformers import GenerationConfig
 
     saves = _every_kind_of_save(tmp_path)
@@ -140,10 +156,12 @@ def test_every_kind_of_save_loads_where_gatedattn_cannot_be_imported(tmp_path):
     cwd.mkdir()
     env = {**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules")}
     proc = subprocess.run([sys.executable, "-c", EVERY_KIND, json.dumps({k: str(p) for k, (p, _) in saves.items()}),
-                           str(tmp_path / "ref.pt")], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+                           str(tmp_path / "ref.pt"), str(tmp_path / "again"), RESAVED], cwd=cwd, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(tmp_path / "ref.pt.out")
     assert "gatedattn" in got.pop("convert --no-code")  # no code, no model: the rule holds both ways
+    again = got.pop("saved again")
     assert set(got) == {"save_pretrained", "convert", "wrapper", "trainer", "final", *(f"self-contained {n}" for n in MODELS)}
     for kind, out in got.items():
         assert isinstance(out, dict), f"{kind}: {out}"
@@ -155,6 +173,13 @@ def test_every_kind_of_save_loads_where_gatedattn_cannot_be_imported(tmp_path):
         # transformers stops at the EOS its generation_config.json names (a run's final/ has one)
         assert torch.equal(out["generated"], want[:, :n]), kind
         assert n == want.shape[1] or out["generated"][0, -1] == model.cfg.eos_token_id, kind
+    # what the remote-code model saved: its code and auto_map again, the same model
+    assert set(again) == {"resaved", "trainer"}
+    for name, out in again.items():
+        assert out["module"].endswith(".modeling_gatedattn"), (name, out["module"])
+        assert torch.equal(out["logits"], got[RESAVED]["logits"]), name
+        config = json.loads((tmp_path / "again" / name / "config.json").read_text())
+        assert "auto_map" in config and (tmp_path / "again" / name / "models_lm.py").is_file(), name
 
 
 def test_bundle_is_generated_from_the_package_source(tmp_path):
