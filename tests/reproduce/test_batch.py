@@ -170,8 +170,12 @@ def _study(name, out, data_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["lr", "rank", "calibrate-mechanism"])
 def test_every_study_reuses_its_finished_runs(name, tmp_path, text_data, monkeypatch):
+    import matplotlib.figure
+
     from gatedattn.reproduce.studies import run
 
+    # about the runs: the reports' plots are laid out but not rendered to PNG (the costly part)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: None)
     cfg = _study(name, tmp_path / name, text_data)
     run(cfg)
     first = json.loads((tmp_path / name / "results.json").read_text())

@@ -2,18 +2,21 @@
 
 import json
 
+import matplotlib.figure
 import pytest
 
 from gatedattn.cli import main
 from gatedattn.infra.errors import ConfigError
 from gatedattn.reproduce import ReproduceConfig, TextConfig
+from gatedattn.reproduce.pretrained import study as pretrained_study
 from gatedattn.train.config import ModelRecipe
 
-from test_pretrained_study import _tiny_model_dir  # tests/reproduce is on the path, as pytest runs it
+from test_batch import _no_training  # tests/reproduce is on the path, as pytest runs it
+from test_pretrained_study import _tiny_model_dir
 
 
 @pytest.mark.slow
-def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, capsys, small_study_text):
+def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, capsys, small_study_text, monkeypatch):
     out = tmp_path / "report"
     shorter = ["--steps", "12", "--set", "text.train.micro_batch=4", "--set", "mechanism.steps=40"]  # every part still trains
     assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q", *shorter]) == 0
@@ -55,42 +58,49 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
                         plots=False).read_text()  # the report's text alone: no plot drawn, none linked
     assert text.index("## Extra study") < text.index("## Reproduce")
     assert not list((tmp_path / "sections").glob("*.png")) and ".png)" not in text and "## Plots" in text
-    # a second call reuses the finished runs (resume) and rewrites the same numbers
-    before = results["summary"]["gated"]["val_loss"]
-    assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q", *shorter]) == 0
-    again = json.loads((out / "results.json").read_text())
-    assert again["summary"]["gated"]["val_loss"] == before
-    assert again["mechanism"]["depths"] == mech["depths"]  # part 1's runs reused too
-    assert again["pretrained"]["arms"] == lm["arms"]  # and part 2's stages
-    # --report-only rewrites the report from results.json alone, judging the claims anew
+    # --report-only rewrites the report from results.json alone, judging the claims anew (its plots, drawn
+    # from the same results by the same code, were checked above: not drawn again)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)
     written = (out / "report.md").read_text()
-    tampered = {**again, "claims": [], "mechanism": {**again["mechanism"], "depths": {
-        d: {**b, "claims": []} for d, b in again["mechanism"]["depths"].items()}},
-        "pretrained": {**again["pretrained"], "claims": []}}
+    tampered = {**results, "claims": [], "mechanism": {**mech, "depths": {
+        d: {**b, "claims": []} for d, b in mech["depths"].items()}}, "pretrained": {**lm, "claims": []}}
     (out / "results.json").write_text(json.dumps(tampered))
     assert main(["reproduce", "--quick", "--out", str(out), "--report-only"]) == 0
     assert (out / "report.md").read_text() == written
     rewritten = json.loads((out / "results.json").read_text())
-    assert rewritten["claims"] == again["claims"] and rewritten["pretrained"]["claims"] == again["pretrained"]["claims"]
+    assert rewritten["claims"] == results["claims"] and rewritten["pretrained"]["claims"] == lm["claims"]
     # without the other parts the report starts with natural text's setup
-    text_only = {k: v for k, v in again.items() if k not in ("mechanism", "pretrained")}
+    text_only = {k: v for k, v in results.items() if k not in ("mechanism", "pretrained")}
     plain = write_report(text_only, tmp_path / "text-only", plots=False).read_text()
     assert "## Part 1" not in plain and "## Part 2" not in plain and "## Setup" in plain
 
 
 @pytest.mark.slow
 def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp_path, capsys, small_study_text,
-                                                                           default_corpus_dir):
+                                                                           default_corpus_dir, monkeypatch):
     out = tmp_path / "report"
     model = _tiny_model_dir(tmp_path, default_corpus_dir)  # the real-model part on a micro model: seconds
-    assert main(["reproduce", "--quick", "--no-mechanism", "--model", str(model), "--out", str(out), "-q"]) == 0
+    args = ["reproduce", "--quick", "--model", str(model), "--set", "mechanism.steps=40", "--out", str(out), "-q"]
+    assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert "variants" not in results and "claims" not in results and results["pretrained"]["claims"]
+    assert list(results["mechanism"]["depths"]) == ["1"] and results["pretrained"]["arms"]
     assert not (out / "data").exists() and not list(out.glob("baseline*"))  # no corpus prepared, nothing trained
     report = (out / "report.md").read_text()
-    assert "## Part 1: a real pretrained" in report and "**Natural text:**" in report
+    assert "**Natural text:**" in report
     assert "`gatedattn reproduce --study text`" in report and "## Setup" not in report
+    assert report.index("## Part 1: the attention sink") < report.index("## Part 2: a real pretrained")
     assert report.index("**Natural text:**") < report.index("## Reproduce")
+    # a second call reuses every part's finished work: no step trained, the model not even loaded (and the
+    # plots, drawn by the first, are not drawn again)
+    _no_training(monkeypatch)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)
+    monkeypatch.setattr(pretrained_study, "load", lambda cfg: pytest.fail("a finished stage of part 2 was run again"))
+    assert main(args) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["mechanism"]["depths"] == results["mechanism"]["depths"]
+    assert again["pretrained"]["arms"] == results["pretrained"]["arms"]
+    report = (out / "report.md").read_text()  # this call's: its own time
     assert main(["reproduce", "--out", str(out), "--report-only"]) == 0
     assert (out / "report.md").read_text() == report  # byte for byte from results.json
 
@@ -191,7 +201,8 @@ def test_cli_bad_variant_is_one_line(capsys):
 def test_lr_study_records_divergence(tmp_path, default_cache, capsys):
     out = tmp_path / "lr"
     # 3.0 is far past stability for AdamW: at least one run must diverge and be reported
-    assert main(["reproduce", "--quick", "--study", "lr", "--lrs", "1e-3,3.0", "--steps", "8", "--batch-size", "4", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
+    assert main(["reproduce", "--quick", "--study", "lr", "--lrs", "1e-3,3.0", "--steps", "8", "--batch-size", "4",
+                 "--preset", "micro", "--seq-len", "32", "--dtype", "fp32", "--out", str(out), "-q"]) == 0
     results = json.loads((out / "results.json").read_text())
     runs = results["lr_study"]["runs"]
     assert {(r["variant"], r["lr"]) for r in runs} == {(v, lr) for v in ("baseline", "gated") for lr in (1e-3, 3.0)}

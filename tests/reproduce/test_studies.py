@@ -24,6 +24,15 @@ def data_dir(tmp_path_factory):
     return str(root / "data")
 
 
+@pytest.fixture
+def unrendered_plots(monkeypatch):
+    """Plots laid out but not rendered to PNG (the costly part of each), for a test about
+    runs and their reuse; the tests that check plots draw theirs."""
+    import matplotlib.figure
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: None)
+
+
 def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir):
     from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
     from gatedattn.reproduce.verdicts import uniform_first_token_attention
@@ -47,7 +56,7 @@ def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir)
     assert "| `no-qk-norm` | q/k RMSNorm off | 6 |" in report and "![calibration](calibration.png)" in report
 
 
-def test_calibration_reuses_finished_levers_and_adds_new_ones(tmp_path, data_dir):
+def test_calibration_reuses_finished_levers_and_adds_new_ones(tmp_path, data_dir, unrendered_plots):
     from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
 
     base = dict(steps=4, data_dir=data_dir, out_dir=str(tmp_path / "cal"), progress=False,
@@ -69,7 +78,7 @@ def test_calibration_reuses_finished_levers_and_adds_new_ones(tmp_path, data_dir
         run_calibration(CalibrationConfig.quick(levers=("no-qk-norm",), **{**base, "steps": 5}), command="third")
 
 
-def test_an_interrupted_lever_resumes_with_its_step_count(tmp_path, data_dir):
+def test_an_interrupted_lever_resumes_with_its_step_count(tmp_path, data_dir, unrendered_plots):
     from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
 
     base = dict(data_dir=data_dir, out_dir=str(tmp_path / "cal"), progress=False, base_sets=("train.model.size=micro",))
@@ -112,9 +121,13 @@ def test_wiki_only_lever_prepares_wikipedia_alone(tmp_path, data_dir):
 
 
 @pytest.mark.slow
-def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir):
+def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir, monkeypatch):
+    import matplotlib.figure
+
     base = dict(preset="micro", steps=4, evals=1, analysis_sequences=4, data_dir=data_dir, progress=False)
-    reproduce(RankConfig.quick(ranks=(4, 8), out_dir=str(tmp_path / "rank"), **base))
+    with monkeypatch.context() as m:  # the sweep's own plots laid out, not rendered: the main report's are checked
+        m.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: None)
+        reproduce(RankConfig.quick(ranks=(4, 8), out_dir=str(tmp_path / "rank"), **base))
     sweep = json.loads((tmp_path / "rank" / "results.json").read_text())["rank_sweep"]
     points = [(r["variant"], r["d_int"]) for r in sweep["rows"]]
     assert points == [("gated", None), ("hyga-lowrank", 4), ("hyga-lowrank", 8)]
@@ -222,12 +235,13 @@ def test_gpu_scale_up_script_runs_its_pipeline_on_cpu(tmp_path, data_dir):
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable, "OUT": str(tmp_path / "gpu")}
-    proc = subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh"), "--quick", "--steps", "6", "--batch-size", "4", "--multiples", "1",
-                           "--data", data_dir, "-q"], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["bash", str(root / "scripts" / "reproduce_gpu.sh"), "--quick", "--steps", "2",
+                           "--batch-size", "2", "--seq-len", "32", "--multiples", "1", "--data", data_dir, "-q"],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "gpu" / "results.json").read_text())
     assert set(results["variants"]) == {"baseline", "gated"}
-    assert results["config"]["train"]["device"] == "cpu" and results["config"]["steps"] == 6
+    assert results["config"]["train"]["device"] == "cpu" and results["config"]["steps"] == 2
 
 
 def test_gpu_scale_up_script_default_arguments_make_a_valid_config(tmp_path):
@@ -276,7 +290,7 @@ def test_levers_spell_out_their_recipe_and_one_is_the_main_default():
 
 
 @pytest.mark.slow
-def test_a_second_call_reuses_finished_runs_and_their_analysis(tmp_path, data_dir, monkeypatch):
+def test_a_second_call_reuses_finished_runs_and_their_analysis(tmp_path, data_dir, monkeypatch, unrendered_plots):
     from gatedattn.reproduce.text import run as runner
 
     cfg = TextConfig.quick(preset="micro", steps=4, evals=1, analysis_sequences=4, multiples=(1,), data_dir=data_dir,
@@ -287,13 +301,15 @@ def test_a_second_call_reuses_finished_runs_and_their_analysis(tmp_path, data_di
     def no_analysis(*args, **kwargs):
         raise AssertionError("a finished run was analysed again")
 
+    analyze, extrapolate = runner.analyze, runner.extrapolate
     monkeypatch.setattr(runner, "analyze", no_analysis)
     monkeypatch.setattr(runner, "extrapolate", no_analysis)
     reproduce(cfg)
     again = json.loads((tmp_path / "r" / "results.json").read_text())["variants"]["baseline"]["runs"][0]
     assert again["analysis"] == first["analysis"] and again["extrapolation"] == first["extrapolation"]
     # another analysis setting analyses again
-    monkeypatch.undo()
+    monkeypatch.setattr(runner, "analyze", analyze)
+    monkeypatch.setattr(runner, "extrapolate", extrapolate)
     reproduce(dataclasses.replace(cfg, analysis_sequences=8))
     third = json.loads((tmp_path / "r" / "results.json").read_text())["variants"]["baseline"]["runs"][0]
     assert third["analysis"]["n_sequences"] == 8
@@ -375,13 +391,17 @@ def test_a_zero_flag_value_is_a_value_and_refused_before_anything_runs(argv, mat
     assert match in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-def test_compile_vs_eager_script_parses_its_arguments():
+def test_compile_vs_eager_script_parses_its_arguments(monkeypatch, capsys):
     """scripts/compile_vs_eager.py times with the planner's own ``time_compiled`` (tested in
-    test_reproduce.py); here its command line."""
-    import subprocess
+    test_reproduce.py); here its command line, run in this interpreter (the script is
+    plain Python on the installed package: a child process would add only its imports)."""
+    import runpy
     import sys
     from pathlib import Path
 
     script = Path(__file__).parents[2] / "scripts" / "compile_vs_eager.py"
-    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
-    assert done.returncode == 0 and "--budget-minutes" in done.stdout and "interleaved rounds" in done.stdout
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit) as done:  # run as `python scripts/compile_vs_eager.py --help`
+        runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "--budget-minutes" in out and "interleaved rounds" in out
