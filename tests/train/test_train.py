@@ -563,10 +563,13 @@ def test_torchrun_fsdp_stop_resume_matches_single_process(data_dir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile internals
 def test_compiled_model_trains_like_eager(data_dir, tmp_path):
+    """Inductor's kernels for the training step (forward and backward) and for the final
+    no-grad evaluation (a graph of its own) give eager's losses and validation loss."""
     one_layer = {"n_layers": 1}  # inductor compiles a layer's kernels once; a second layer adds only time
     eager = train(make_cfg(data_dir, tmp_path / "eager", steps=3, model_overrides=one_layer))
     compiled = train(make_cfg(data_dir, tmp_path / "compiled", steps=3, compile=True, model_overrides=one_layer))
     assert compiled.complete and compiled.losses == pytest.approx(eager.losses, abs=1e-4)
+    assert compiled.val_loss == pytest.approx(eager.val_loss, abs=1e-4)
     assert (tmp_path / "compiled" / "final" / "model.safetensors").is_file()
 
 
