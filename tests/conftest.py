@@ -81,18 +81,31 @@ def default_cache(default_corpus_dir, tmp_path, monkeypatch):
 
 
 @functools.cache
-def _tenth_of_the_corpus():
+def _corpus_cut(every: int):
+    """The bundled corpus cut to every ``every``-th document."""
     from gatedattn.data.corpus import default_corpus
 
     full = default_corpus()
-    return dataclasses.replace(full, documents=full.documents[::10])
+    return dataclasses.replace(full, documents=full.documents[::every])
+
+
+def _study_text(monkeypatch, every: int) -> None:
+    from gatedattn.reproduce.pretrained import text
+
+    monkeypatch.setattr(text, "default_corpus", functools.partial(_corpus_cut, every))
 
 
 @pytest.fixture
 def small_study_text(monkeypatch):
     """The real-model study's text cut to every tenth document of the bundled corpus, for
     a quick study on a tiny model: its small vocabulary spells the corpus in many short
-    tokens (seconds to encode all of it), and the study reads a few windows of it."""
-    from gatedattn.reproduce.pretrained import text
+    tokens (seconds to encode all of it), and the study reads a few windows of it. A test's
+    ``monkeypatch.undo()`` undoes this too (patch inside ``monkeypatch.context()`` instead)."""
+    _study_text(monkeypatch, 10)
 
-    monkeypatch.setattr(text, "default_corpus", _tenth_of_the_corpus)
+
+@pytest.fixture
+def tiny_study_text(monkeypatch):
+    """As ``small_study_text``, every hundredth document (about a hundred, three held out):
+    enough for ``--quick``'s few windows of 64 tokens and one of 96."""
+    _study_text(monkeypatch, 100)

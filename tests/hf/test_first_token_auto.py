@@ -3,8 +3,6 @@ before text, read from tiny GGUF files of every supported architecture (written 
 ``gguf.GGUFWriter``) with ``tokenizer.ggml.add_bos_token`` true, false and absent, and from
 model directories; ``analyze`` and the real-model study run end to end on each."""
 
-import dataclasses
-import functools
 import json
 
 import pytest
@@ -17,25 +15,6 @@ from gatedattn.infra.errors import GatedAttnError
 from test_hf_gguf import FAMILIES, V, tiny_hf, write_gguf  # tests/hf is on the path, as pytest runs it
 
 BOS = V - 1  # the id the tiny files name as their BOS
-
-
-@functools.cache
-def _hundredth_of_the_corpus():
-    from gatedattn.data.corpus import default_corpus
-
-    full = default_corpus()
-    return dataclasses.replace(full, documents=full.documents[::100])
-
-
-@pytest.fixture
-def tiny_study_text(monkeypatch):
-    """The real-model study's text cut to every hundredth document of the bundled corpus
-    (about a hundred documents, three of them held out): ``--quick`` reads a few windows of 64
-    tokens and one of 96, and the tiny files' vocabulary spells text in many short tokens,
-    so encoding more is seconds of work nothing reads."""
-    from gatedattn.reproduce.pretrained import text
-
-    monkeypatch.setattr(text, "default_corpus", _hundredth_of_the_corpus)
 
 
 def _file(tmp_path, family: str, add_bos: bool | None):
