@@ -329,10 +329,11 @@ def test_a_gguf_model_is_read_without_transformers_parse_and_its_tokenizer_once_
     from transformers import modeling_gguf_pytorch_utils as transformers_gguf_utils
 
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))  # no tokenizer built before
-    reads = []
+    reads, builds = [], []  # transformers' parse of the whole file; its tokenizer builds
     real = transformers_gguf_utils.load_gguf_checkpoint
     monkeypatch.setattr(transformers_gguf_utils, "load_gguf_checkpoint",
-                        lambda path, **kw: reads.append(kw.get("return_tensors", False)) or real(path, **kw))
+                        lambda path, *a, **kw: reads.append(path) or real(path, *a, **kw))
+    _on_build(monkeypatch, builds.append)
     path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"))
     capfd.readouterr()
     model = load_model(path)
@@ -340,14 +341,45 @@ def test_a_gguf_model_is_read_without_transformers_parse_and_its_tokenizer_once_
     assert capfd.readouterr() == ("", "")  # and nothing is printed (no progress bar)
     first = hf_gguf.gguf_hf_tokenizer(path)
     second = hf_gguf.gguf_hf_tokenizer(path)
-    assert reads == [False] and not hf_gguf._READERS  # built once; the parse is not held after
+    assert len(builds) == 1 and not hf_gguf._READERS  # built once; no parse is held after
+    assert reads == []  # the config that chose the tokenizer's class came from the header
     assert second is not first and second.backend_tokenizer is not first.backend_tokenizer  # a copy each
     first.add_tokens(["zzz-added"])  # a caller's change stays its own
     assert len(hf_gguf.gguf_hf_tokenizer(path)) == len(second) == len(first) - 1
     # the same path written anew (more layers) is read anew
     write_gguf(path, tiny_hf("llama", num_hidden_layers=model.cfg.n_layers + 1))
     assert load_model(path).cfg.n_layers == model.cfg.n_layers + 1
-    assert hf_gguf.gguf_hf_tokenizer(path) is not None and reads == [False, False]
+    assert hf_gguf.gguf_hf_tokenizer(path) is not None and len(builds) == 2 and reads == []
+
+
+def _saved(tokenizer, where) -> dict[str, bytes]:
+    tokenizer.save_pretrained(where)
+    return {p.name: p.read_bytes() for p in sorted(Path(where).iterdir())}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_embedded_tokenizer_is_the_one_transformers_builds(tmp_path, monkeypatch, family):
+    """Built without transformers' parse of the whole file (its class chosen from the header's
+    config), the tokenizer saves byte for byte as ``AutoTokenizer``'s own build of the file
+    (which parses it) and encodes alike; an architecture the header's config refuses is
+    built through that parse, as before."""
+    from transformers import AutoTokenizer
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf(family), extra=lambda w: w.add_name("tiny"))
+    ours = hf_gguf.gguf_hf_tokenizer(path)
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    expected = _saved(theirs, tmp_path / "theirs")
+    assert _saved(ours, tmp_path / "ours") == expected and "tokenizer.json" in expected
+    text = " ".join(vocabulary()[:20])
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache-2"))  # built again, not read back
+    header, before = hf_gguf.read_header(path), loader.load_gguf_checkpoint
+    monkeypatch.setattr(hf_gguf, "SUPPORTED_ARCHITECTURES", ())  # its config from the header is refused
+    with hf_gguf._config_from_header(header):
+        assert loader.load_gguf_checkpoint is before
+        assert _saved(hf_gguf.cached_tokenizer(header), tmp_path / "parsed") == expected
 
 
 def test_a_gguf_model_holds_its_dequantized_tensors_once(tmp_path, monkeypatch):
@@ -383,14 +415,20 @@ def test_a_gguf_file_loads_straight_into_the_dtype_asked(llama_file, monkeypatch
             load_model(path, dtype=bad)
 
 
-def test_a_files_tokenizer_is_built_once_per_machine_and_read_back_from_the_cache(tmp_path, monkeypatch):
-    from transformers import modeling_gguf_pytorch_utils as transformers_gguf_utils
+def _on_build(monkeypatch, seen) -> None:
+    """``seen(path)`` on every build of a GGUF file's tokenizer: transformers' read of the
+    vocabulary it is built from (``get_gguf_tokenizer``), which a tokenizer read back from
+    the cache skips."""
+    from transformers.integrations import gguf as transformers_gguf_tokenizer
 
+    real = transformers_gguf_tokenizer.get_gguf_tokenizer
+    monkeypatch.setattr(transformers_gguf_tokenizer, "get_gguf_tokenizer", lambda path: seen(path) or real(path))
+
+
+def test_a_files_tokenizer_is_built_once_per_machine_and_read_back_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
     reads = []
-    real = transformers_gguf_utils.load_gguf_checkpoint
-    monkeypatch.setattr(transformers_gguf_utils, "load_gguf_checkpoint",
-                        lambda path, **kw: reads.append(path) or real(path, **kw))
+    _on_build(monkeypatch, reads.append)
     path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"))
     built = hf_gguf.gguf_hf_tokenizer(path)
     header = hf_gguf.read_header(path)
@@ -429,22 +467,18 @@ def test_processes_that_need_a_files_tokenizer_at_once_build_it_once(tmp_path, m
     import shutil
     import time
 
-    from transformers import modeling_gguf_pytorch_utils as transformers_gguf_utils
-
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
     path = write_gguf(tmp_path / "m.gguf", tiny_hf("llama"))
     builds = tmp_path / "builds"
     builds.touch()
-    real = transformers_gguf_utils.load_gguf_checkpoint
 
-    def building(gguf_path, **kw):  # one line per build, then a second's wait for another
+    def building(gguf_path) -> None:  # one line per build, then a second's wait for another
         with open(builds, "a") as f:
             f.write(f"{os.getpid()}\n")
         deadline = time.monotonic() + 1
         while len(builds.read_text().split()) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        return real(gguf_path, **kw)
-    monkeypatch.setattr(transformers_gguf_utils, "load_gguf_checkpoint", building)
+    _on_build(monkeypatch, building)
     text = "the then<|endoftext|> in the"
     forked = multiprocessing.get_context("fork")  # this process's imports, none paid again
     barrier = forked.Barrier(2)

@@ -323,6 +323,39 @@ def one_parse():
 
 
 # --------------------------------------------------------------------------- config
+@contextlib.contextmanager
+def _config_from_header(header: Header):
+    """Within this, transformers' GGUF loader asked for the config alone of ``header``'s file
+    (``load_gguf_checkpoint(path)``, which ``AutoTokenizer`` calls only to choose the
+    tokenizer's class) returns the dict it would build, made from the header
+    (:func:`_hf_config_dict`, with the model's name it keeps), instead of parsing the whole
+    vocabulary again with gguf-py: 4 of the 6 s of building SmolLM2's tokenizer. A file
+    whose dict the header cannot give (an architecture not imported here) is parsed as
+    before, and so is any other file or a call for tensors."""
+    from transformers import modeling_gguf_pytorch_utils as loader  # lazy: heavy (transformers)
+
+    try:
+        config = _hf_config_dict(header)
+    except GatedAttnError:
+        yield
+        return
+    if isinstance(header.metadata.get("general.name"), str):
+        config["_model_name_or_path"] = header.metadata["general.name"]
+    original = loader.load_gguf_checkpoint
+    identity = _file_identity(header.path)
+
+    def load(path, return_tensors=False, *args, **kwargs):
+        if not return_tensors and not args and not kwargs and _file_identity(Path(path)) == identity:
+            return {"config": copy.deepcopy(config)}
+        return original(path, return_tensors, *args, **kwargs)
+
+    loader.load_gguf_checkpoint = load
+    try:
+        yield
+    finally:
+        loader.load_gguf_checkpoint = original
+
+
 def _hf_config_dict(header: Header) -> dict[str, Any]:
     """The HF config dict transformers' GGUF loader (``load_gguf_checkpoint``) builds from the
     file's metadata, built here from the header with transformers' own tables (its key
@@ -512,7 +545,8 @@ def tokenizer_cache_dir(header: Header) -> Path:
 def cached_tokenizer(header: Header):
     """The tokenizer embedded in ``header``'s file: read from :func:`tokenizer_cache_dir`
     (0.2 s for SmolLM2's) where an earlier call left it, else built by transformers' GGUF
-    converter (seconds: it reads the whole vocabulary in Python) and left there. Processes
+    converter (0.9 s for SmolLM2's 49 k tokens, the class chosen from the header's config:
+    :func:`_config_from_header`) and left there. Processes
     that need it at once build it once: the others wait for that build and read it
     (:func:`_build_lock`). A cache that cannot be read or written is passed over: the
     tokenizer is then built."""
@@ -526,7 +560,7 @@ def cached_tokenizer(header: Header):
         cached = _cached_tokenizer(where)  # built by another process while this one waited
         if cached is not None:
             return cached
-        with quiet_transformers(), one_parse():
+        with quiet_transformers(), one_parse(), _config_from_header(header):
             built = AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
         with contextlib.suppress(OSError, GatedAttnError), atomic_dir(where) as tmp:
             built.save_pretrained(str(tmp))
