@@ -188,6 +188,14 @@ def llama_file(tmp_path_factory):
     return path, model
 
 
+@pytest.fixture(scope="module")
+def one_layer_llama_file(tmp_path_factory):
+    """As ``llama_file`` with one layer: for the benches, whose compiles trace every layer."""
+    model = tiny_hf("llama", num_hidden_layers=1)
+    path = write_gguf(tmp_path_factory.mktemp("llama1") / "tiny-llama-1.gguf", model)
+    return path, model
+
+
 @pytest.fixture
 def no_dequantizing(monkeypatch):
     """A refusal must come before any tensor is dequantized."""
@@ -679,14 +687,37 @@ def test_a_load_that_fails_in_its_child_is_one_line_naming_the_loader(tmp_path, 
             load_once(loader, tmp_path / "missing.gguf", threads=1)
 
 
-def test_decode_bench_times_eager_and_compiled_paths_of_both_on_the_same_file(llama_file):
+def test_a_load_child_imports_the_architectures_model_module_before_its_clock(tmp_path, monkeypatch):
+    """transformers' load imports the modeling module of the file's architecture the first
+    time (seconds): both load children import it before the clock, so neither load's
+    seconds count it. A directory of an architecture transformers does not ship imports none."""
+    import importlib
+
+    from gatedattn.bench import load as bench_load
+
+    imported = []
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: imported.append(name) or real(name, *a))
+    timed = []
+    monkeypatch.setattr(bench_load, "load_model", lambda path: timed.append(list(imported)))
+    qwen3 = write_gguf(tmp_path / "q.gguf", tiny_hf("qwen3"), tokenizer=False)
+    assert bench_load.load_once("ours", qwen3, threads=1)["seconds"] >= 0
+    assert len(timed) == 1 and "transformers.models.qwen3.modeling_qwen3" in timed[0]  # (transformers' own too)
+    imported.clear()
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "config.json").write_text(json.dumps({"model_type": "gatedattn"}))
+    bench_load.import_for_load(tmp_path / "own")
+    assert imported[-1] == "transformers.models.gatedattn.modeling_gatedattn"  # tried, and passed over
+
+
+def test_decode_bench_times_eager_and_compiled_paths_of_both_on_the_same_file(one_layer_llama_file):
     """Every path's tokens come from the same weights (ours eager and transformers' agree on
     this fp32 file), each compiled path's compile is paid before the rounds and measured,
     and the break-even follows from the compile and the time a token saves. Compiled by
     AOT autograd (seconds); ``gatedattn bench --decode`` compiles with inductor."""
     from gatedattn.bench.decode import PATHS, format_decode, run_decode_bench
 
-    path, _ = llama_file
+    path, _ = one_layer_llama_file
     res = run_decode_bench(path, dtype="fp32", prompt=5, new=6, repeats=2, warmup=0, backend="aot_eager")
     rows = {r["path"]: r for r in res["rows"]}
     assert list(rows) == list(PATHS)
@@ -706,12 +737,13 @@ def test_decode_bench_times_eager_and_compiled_paths_of_both_on_the_same_file(ll
     assert "| ours compiled |" in text and "| ours HF wrapper, static + compile |" in text and "aot_eager" in text
 
 
-def test_real_model_bench_times_ours_against_transformers_on_the_same_file(llama_file, capsys, tmp_path, monkeypatch):
+def test_real_model_bench_times_ours_against_transformers_on_the_same_file(one_layer_llama_file, capsys, tmp_path,
+                                                                         monkeypatch):
     from gatedattn.bench.real_model import format_real_model
     from gatedattn.cli import main
 
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path))  # the peak it times stays out of the user's cache
-    path, _ = llama_file
+    path, _ = one_layer_llama_file
     ballast = torch.ones(2**28)  # 1 GiB held here: a child's peak must not count what its parent holds
     kept = []  # --heap kept asks glibc to keep freed blocks (not in this test's process: it would stay so)
     monkeypatch.setattr("gatedattn.bench.real_model.keep_freed_memory", lambda: kept.append(True) or True)
