@@ -3,9 +3,10 @@ whichever package the program imports first.
 
 Each import order runs in an interpreter of its own, in which neither gatedattn nor
 transformers has been imported. The interpreters are forked from one that imported torch
-(and the torch modules transformers imports) once: the program of every order begins with
-``import torch``, and gatedattn's registration watches only ``transformers`` and
-``gatedattn`` imports, so sharing torch's import changes nothing of what is tested."""
+and the other packages transformers imports (torch's compiler and DTensor, sympy, scipy,
+kernels) once: the program of every order begins with ``import torch``, and gatedattn's
+registration watches only ``transformers`` and ``gatedattn`` imports, so sharing those
+imports changes nothing of what is tested."""
 
 import json
 import subprocess
@@ -38,7 +39,12 @@ with torch.no_grad():
 # imports torch, then forks one interpreter per import order and runs its program there
 FORKS = r"""
 import json, os, sys, traceback
-import torch, torch._dynamo, torch.distributed.tensor  # torch, and torch modules transformers imports
+import importlib, torch, torch._dynamo, torch.distributed.tensor
+for name in ("sympy", "scipy.optimize", "kernels"):  # what transformers imports, where installed
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
 
 directory, reference, firsts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 imported = [m for m in sys.modules if m.split(".")[0] in ("gatedattn", "transformers")]
