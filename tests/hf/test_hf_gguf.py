@@ -708,6 +708,13 @@ def test_a_load_child_imports_the_architectures_model_module_before_its_clock(tm
     (tmp_path / "own" / "config.json").write_text(json.dumps({"model_type": "gatedattn"}))
     bench_load.import_for_load(tmp_path / "own")
     assert imported[-1] == "transformers.models.gatedattn.modeling_gatedattn"  # tried, and passed over
+    imported.clear()
+    for unreadable in ("missing", "not-json"):  # nothing imported: the load itself says what is wrong
+        (tmp_path / unreadable).mkdir()
+    (tmp_path / "not-json" / "config.json").write_text("{")
+    for unreadable in ("missing", "not-json"):
+        bench_load.import_for_load(tmp_path / unreadable)
+    assert not [name for name in imported if name.startswith("transformers.models.")]
 
 
 def test_decode_bench_times_eager_and_compiled_paths_of_both_on_the_same_file(one_layer_llama_file):
