@@ -375,6 +375,7 @@ def test_the_embedded_tokenizer_is_the_one_transformers_builds(tmp_path, monkeyp
     from transformers import modeling_gguf_pytorch_utils as loader
 
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache"))
+    before_any = loader.load_gguf_checkpoint
     path = write_gguf(tmp_path / "m.gguf", tiny_hf(family), extra=lambda w: w.add_name("tiny"))
     ours = hf_gguf.gguf_hf_tokenizer(path)
     theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
@@ -382,8 +383,15 @@ def test_the_embedded_tokenizer_is_the_one_transformers_builds(tmp_path, monkeyp
     assert _saved(ours, tmp_path / "ours") == expected and "tokenizer.json" in expected
     text = " ".join(vocabulary()[:20])
     assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    header = hf_gguf.read_header(path)
+    with hf_gguf._config_from_header(header):  # a caller that reads the tokenizer from the same answer
+        answer = loader.load_gguf_checkpoint(str(path))
+        assert set(answer) == {"config"}  # nothing parsed yet
+        assert answer["tokenizer"]["tokens"] == vocabulary() and answer.get("tokenizer_config") is not None
+    parsed = loader.load_gguf_checkpoint(str(path))
+    assert answer == parsed and loader.load_gguf_checkpoint is before_any
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache-2"))  # built again, not read back
-    header, before = hf_gguf.read_header(path), loader.load_gguf_checkpoint
+    before = loader.load_gguf_checkpoint
     monkeypatch.setattr(hf_gguf, "SUPPORTED_ARCHITECTURES", ())  # its config from the header is refused
     with hf_gguf._config_from_header(header):
         assert loader.load_gguf_checkpoint is before

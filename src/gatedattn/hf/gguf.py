@@ -323,30 +323,50 @@ def one_parse():
 
 
 # --------------------------------------------------------------------------- config
+class _ConfigFirst(dict):
+    """What transformers' GGUF loader returns without tensors, its ``config`` made from the
+    header; any other key (the ``tokenizer`` that transformers releases before 5 read from
+    the same call) is the loader's own parse of the file, made the first time one is asked."""
+
+    def __init__(self, config: dict[str, Any], parse):
+        super().__init__(config=config)
+        self._parse = parse
+
+    def __missing__(self, key):
+        self.update({k: v for k, v in self._parse().items() if k != "config"})
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        return self[key] if key in self or key in ("tokenizer", "tokenizer_config") else default
+
+
 @contextlib.contextmanager
 def _config_from_header(header: Header):
     """Within this, transformers' GGUF loader asked for the config alone of ``header``'s file
-    (``load_gguf_checkpoint(path)``, which ``AutoTokenizer`` calls only to choose the
-    tokenizer's class) returns the dict it would build, made from the header
+    (``load_gguf_checkpoint(path)``, which ``AutoTokenizer`` calls to choose the tokenizer's
+    class) answers with the dict it would build, made from the header
     (:func:`_hf_config_dict`, with the model's name it keeps), instead of parsing the whole
-    vocabulary again with gguf-py: 4 of the 6 s of building SmolLM2's tokenizer. A file
-    whose dict the header cannot give (an architecture not imported here) is parsed as
-    before, and so is any other file or a call for tensors."""
+    vocabulary again with gguf-py: 4 of the 6 s of building SmolLM2's tokenizer. The rest of
+    its answer is its own parse, made only if asked for (:class:`_ConfigFirst`). A file whose
+    dict the header cannot give (an architecture not imported here) is parsed as before, and
+    so is any other file or a call for tensors."""
     from transformers import modeling_gguf_pytorch_utils as loader  # lazy: heavy (transformers)
 
+    original = getattr(loader, "load_gguf_checkpoint", None)
     try:
         config = _hf_config_dict(header)
     except GatedAttnError:
+        original = None
+    if original is None:
         yield
         return
     if isinstance(header.metadata.get("general.name"), str):
         config["_model_name_or_path"] = header.metadata["general.name"]
-    original = loader.load_gguf_checkpoint
     identity = _file_identity(header.path)
 
     def load(path, return_tensors=False, *args, **kwargs):
         if not return_tensors and not args and not kwargs and _file_identity(Path(path)) == identity:
-            return {"config": copy.deepcopy(config)}
+            return _ConfigFirst(copy.deepcopy(config), lambda: original(path))
         return original(path, return_tensors, *args, **kwargs)
 
     loader.load_gguf_checkpoint = load
