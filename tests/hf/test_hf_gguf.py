@@ -388,6 +388,7 @@ def test_the_embedded_tokenizer_is_the_one_transformers_builds(tmp_path, monkeyp
         answer = loader.load_gguf_checkpoint(str(path))
         assert set(answer) == {"config"}  # nothing parsed yet
         assert answer["tokenizer"]["tokens"] == vocabulary() and answer.get("tokenizer_config") is not None
+        assert answer.get("no such key", 7) == 7 and "no such key" not in answer  # parsed once, then as a dict
     parsed = loader.load_gguf_checkpoint(str(path))
     assert answer == parsed and loader.load_gguf_checkpoint is before_any
     monkeypatch.setenv("GATEDATTN_CACHE", str(tmp_path / "cache-2"))  # built again, not read back

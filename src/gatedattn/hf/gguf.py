@@ -325,19 +325,27 @@ def one_parse():
 # --------------------------------------------------------------------------- config
 class _ConfigFirst(dict):
     """What transformers' GGUF loader returns without tensors, its ``config`` made from the
-    header; any other key (the ``tokenizer`` that transformers releases before 5 read from
-    the same call) is the loader's own parse of the file, made the first time one is asked."""
+    header; any other key (the ``tokenizer`` a caller may read from the same answer, as
+    transformers 4's tokenizers did) is the loader's own parse of the file, made the first
+    time one is asked."""
 
     def __init__(self, config: dict[str, Any], parse):
         super().__init__(config=config)
         self._parse = parse
 
     def __missing__(self, key):
-        self.update({k: v for k, v in self._parse().items() if k != "config"})
-        return super().__getitem__(key)
+        if self._parse is not None:
+            parsed, self._parse = self._parse(), None
+            self.update({k: v for k, v in parsed.items() if k != "config"})
+        if key not in self:  # the parse has no such key either
+            raise KeyError(key)
+        return dict.get(self, key)
 
     def get(self, key, default=None):
-        return self[key] if key in self or key in ("tokenizer", "tokenizer_config") else default
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
 
 @contextlib.contextmanager
