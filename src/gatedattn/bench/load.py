@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gatedattn.hf import load_model
+from gatedattn.hf.checkpoint import read_config
 from gatedattn.hf.gguf import gguf_file_of, read_header
 from gatedattn.hf.importers import quiet_transformers
 from gatedattn.infra.errors import GatedAttnError
@@ -84,8 +85,8 @@ def _model_type(path: Path) -> str:
         gguf = gguf_file_of(path)
         if gguf is not None:
             return read_header(gguf).architecture
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError, GatedAttnError):
+        model_type = read_config(path).get("model_type")
+    except (OSError, GatedAttnError):
         return ""
     return model_type if isinstance(model_type, str) else ""
 

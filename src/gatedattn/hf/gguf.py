@@ -360,12 +360,12 @@ def _config_from_header(header: Header):
     so is any other file or a call for tensors."""
     from transformers import modeling_gguf_pytorch_utils as loader  # lazy: heavy (transformers)
 
-    original = getattr(loader, "load_gguf_checkpoint", None)
     try:
         config = _hf_config_dict(header)
     except GatedAttnError:
-        original = None
-    if original is None:
+        config = None
+    original = getattr(loader, "load_gguf_checkpoint", None)
+    if config is None or original is None:
         yield
         return
     if isinstance(header.metadata.get("general.name"), str):
