@@ -109,3 +109,13 @@ def tiny_study_text(monkeypatch):
     """As ``small_study_text``, every hundredth document (about a hundred, three held out):
     enough for ``--quick``'s few windows of 64 tokens and one of 96."""
     _study_text(monkeypatch, 100)
+
+
+@pytest.fixture
+def unrendered_plots(monkeypatch):
+    """Plots laid out as the product lays them out but not rendered to PNG (the costly part
+    of each; an empty file stands in), for an end-to-end test that checks a report's text and
+    numbers. The plot tests and the main job's test render theirs and check what they draw."""
+    import matplotlib.figure
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: None)

@@ -410,7 +410,7 @@ def model_dir(tmp_path, data):
     return data_model(data, "hyga").save_pretrained(tmp_path / "model")
 
 
-def test_cli_analyze_json(cli, capsys, model_dir, data_dir, tmp_path):
+def test_cli_analyze_json(cli, capsys, model_dir, data_dir, tmp_path, unrendered_plots):
     out = tmp_path / "result.json"
     rc = cli(["analyze", "--model", str(model_dir), "--data", str(data_dir), "--json", "--batches", "2",
               "--batch-size", "2", "--layers", "0,1", "--device", "cpu", "--out", str(out),

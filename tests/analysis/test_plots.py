@@ -255,6 +255,23 @@ def test_plot_extrapolation_single(tmp_path):
 
 # --------------------------------------------------------------------------- shared behaviour
 
+def test_plot_loss_vs_cost(tmp_path, figures):
+    """The rank sweep's plot: a line of labelled points per family, sorted by cost, on a
+    log cost axis; a family of one point is a marker without a line."""
+    series = {"hyga-lowrank": [(400.0, 3.1, "d_int 8"), (100.0, 3.4, "d_int 2"), (200.0, 3.2, "d_int 4")],
+              "gated": [(2000.0, 3.0, "G1")]}
+    path = plots.plot_loss_vs_cost(series, tmp_path / "cost.png", figsize=SIZE)
+    check_png(path, tmp_path)
+    (ax,) = figures[0].axes
+    assert ax.get_xscale() == "log" and ax.get_ylabel() == "validation loss"
+    lowrank, gated = ax.lines
+    assert lowrank.get_xdata().tolist() == [100.0, 200.0, 400.0] and ydata(lowrank) == [3.4, 3.2, 3.1]
+    assert lowrank.get_linestyle() == "-" and gated.get_linestyle() == "None" and gated.get_marker() == "o"
+    assert [t.get_text() for t in ax.texts] == ["d_int 2", "d_int 4", "d_int 8", "G1"]
+    assert legend(ax) == ["hyga-lowrank", "gated"]
+    assert lowrank.get_color() == plots.variant_color("hyga-lowrank") != gated.get_color()
+
+
 
 def test_empty_input_raises_and_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="nothing to plot"):

@@ -94,7 +94,8 @@ def test_analyze_uses_the_models_own_first_token_by_default(tmp_path, add_bos, c
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_the_real_model_study_runs_end_to_end_on_a_gguf_of_every_architecture(tmp_path, family, tiny_study_text):
+def test_the_real_model_study_runs_end_to_end_on_a_gguf_of_every_architecture(tmp_path, family, tiny_study_text,
+                                                                              unrendered_plots):
     path = _file(tmp_path, family, family != "qwen2")  # Qwen2's convention: no BOS
     out = tmp_path / "study"
     assert main(["reproduce", "--study", "pretrained", "--quick", "--model", str(path), "--out", str(out), "-q",

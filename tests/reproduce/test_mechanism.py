@@ -74,6 +74,45 @@ def test_table_estimated_from_text(task):
     assert task.table[t, h] > 0.3 and task.table[t, h] > task.table[t, a]  # "th" is common in English
 
 
+def _from_text_reference(text: str, n_chars: int, n_triggers: int, smoothing: float = 0.1):
+    """``from_text`` in plain Python: chars, table, initial and triggers."""
+    from collections import Counter
+
+    text = " ".join(text.lower().split())
+    freq = Counter(text)
+    chars = [c for c, _ in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))[:n_chars]]
+    ids = [chars.index(c) if c in chars else -1 for c in text]
+    counts = np.zeros((n_chars, n_chars))
+    for a, b in zip(ids, ids[1:]):
+        if a >= 0 and b >= 0:
+            counts[a, b] += 1
+    triggers = [i for i, c in enumerate(chars) if c != " "][:n_triggers]
+    table = counts + smoothing
+    table[np.ix_(triggers, triggers)] = 0.0
+    initial = np.bincount([i for i in ids if i >= 0], minlength=n_chars) + smoothing
+    initial[triggers] = 0.0
+    return tuple(chars), table / table.sum(1, keepdims=True), initial / initial.sum(), tuple(triggers)
+
+
+def test_table_from_text_equals_the_plain_python_count():
+    """Whitespace of every kind collapses to one space between words, none at the ends (as
+    ``str.split``), capitals count as their lower case, and ties go to the lower code point."""
+    import random
+
+    rng = random.Random(0)
+    alphabet = "abcdeABE  \n\t\r\x0b\x1c\x85\u00a0\u1680\u2003\u2029\u3000é.,"
+    for n in range(40):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(30, 200)))
+        got = BigramBackcopy.from_text(text, n_chars=6, n_triggers=2)
+        chars, table, initial, triggers = _from_text_reference(text, 6, 2)
+        assert (got.chars, got.triggers) == (chars, triggers), text
+        np.testing.assert_allclose(got.table, table, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got.initial, initial, rtol=0, atol=1e-12)
+    from gatedattn.data.backcopy import _LAST_SPACE
+
+    assert max(c for c in range(0x110000) if chr(c).isspace()) == _LAST_SPACE  # the table misses no whitespace
+
+
 def test_same_seed_same_data(task, tmp_path):
     np.testing.assert_array_equal(task.sample(8, 64, seed=5), task.sample(8, 64, seed=5))
     assert not np.array_equal(task.sample(8, 64, seed=5), task.sample(8, 64, seed=6))

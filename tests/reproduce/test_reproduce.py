@@ -77,7 +77,8 @@ def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, c
 
 @pytest.mark.slow
 def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp_path, capsys, small_study_text,
-                                                                           default_corpus_dir, monkeypatch):
+                                                                           default_corpus_dir, monkeypatch,
+                                                                           unrendered_plots):
     out = tmp_path / "report"
     model = _tiny_model_dir(tmp_path, default_corpus_dir)  # the real-model part on a micro model: seconds
     args = ["reproduce", "--quick", "--model", str(model), "--set", "mechanism.steps=40", "--out", str(out), "-q"]
@@ -91,10 +92,8 @@ def test_the_default_main_job_leaves_natural_text_out_and_says_where_it_went(tmp
     assert "`gatedattn reproduce --study text`" in report and "## Setup" not in report
     assert report.index("## Part 1: the attention sink") < report.index("## Part 2: a real pretrained")
     assert report.index("**Natural text:**") < report.index("## Reproduce")
-    # a second call reuses every part's finished work: no step trained, the model not even loaded (and the
-    # plots, drawn by the first, are not drawn again)
+    # a second call reuses every part's finished work: no step trained, the model not even loaded
     _no_training(monkeypatch)
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)
     monkeypatch.setattr(pretrained_study, "load", lambda cfg: pytest.fail("a finished stage of part 2 was run again"))
     assert main(args) == 0
     again = json.loads((out / "results.json").read_text())

@@ -24,15 +24,6 @@ def data_dir(tmp_path_factory):
     return str(root / "data")
 
 
-@pytest.fixture
-def unrendered_plots(monkeypatch):
-    """Plots laid out but not rendered to PNG (the costly part of each), for a test about
-    runs and their reuse; the tests that check plots draw theirs."""
-    import matplotlib.figure
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: None)
-
-
 def test_calibration_trains_each_lever_and_writes_its_report(tmp_path, data_dir):
     from gatedattn.reproduce.calibration import CalibrationConfig, run_calibration
     from gatedattn.reproduce.verdicts import uniform_first_token_attention
@@ -121,13 +112,9 @@ def test_wiki_only_lever_prepares_wikipedia_alone(tmp_path, data_dir):
 
 
 @pytest.mark.slow
-def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir, monkeypatch):
-    import matplotlib.figure
-
+def test_rank_sweep_and_fold_into_the_main_report(tmp_path, data_dir, unrendered_plots):
     base = dict(preset="micro", steps=4, evals=1, analysis_sequences=4, data_dir=data_dir, progress=False)
-    with monkeypatch.context() as m:  # the sweep's own plots laid out, not rendered: the main report's are checked
-        m.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: None)
-        reproduce(RankConfig.quick(ranks=(4, 8), out_dir=str(tmp_path / "rank"), **base))
+    reproduce(RankConfig.quick(ranks=(4, 8), out_dir=str(tmp_path / "rank"), **base))
     sweep = json.loads((tmp_path / "rank" / "results.json").read_text())["rank_sweep"]
     points = [(r["variant"], r["d_int"]) for r in sweep["rows"]]
     assert points == [("gated", None), ("hyga-lowrank", 4), ("hyga-lowrank", 8)]

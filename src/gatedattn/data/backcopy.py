@@ -36,7 +36,6 @@ import functools
 import hashlib
 import json
 import os
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,14 +108,16 @@ class BigramBackcopy:
             raise ConfigError(f"BigramBackcopy n_triggers={n_triggers} must be in [1, n_chars - 2 = {n_chars - 2}]")
         if smoothing <= 0:
             raise ConfigError(f"BigramBackcopy smoothing={smoothing} must be > 0")
-        text = " ".join(text.lower().split())  # one space between words, no newlines
-        freq = Counter(text)
-        if len(freq) < n_chars:
-            raise GatedAttnError(f"the text has {len(freq)} distinct characters, fewer than n_chars={n_chars}")
-        chars = tuple(c for c, _ in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))[:n_chars])
+        points = _words_by_one_space(text.lower())
+        freq = np.bincount(points, minlength=0x110000)
+        seen = np.flatnonzero(freq)
+        if len(seen) < n_chars:
+            raise GatedAttnError(f"the text has {len(seen)} distinct characters, fewer than n_chars={n_chars}")
+        top = seen[np.lexsort((seen, -freq[seen]))][:n_chars]  # the most frequent, ties by code point
+        chars = tuple(chr(c) for c in top)
         index = np.full(0x110000, -1, dtype=np.int64)
-        index[[ord(c) for c in chars]] = np.arange(n_chars)
-        ids = index[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)]
+        index[top] = np.arange(n_chars)
+        ids = index[points]
         a, b = ids[:-1], ids[1:]
         keep = (a >= 0) & (b >= 0)
         counts = np.bincount(a[keep] * n_chars + b[keep], minlength=n_chars * n_chars).reshape(n_chars, n_chars)
@@ -279,6 +280,33 @@ class BigramBackcopy:
         tok.decoder = decoders.Fuse()
         tok.add_special_tokens([BOS_TOKEN, EOS_TOKEN])
         return tok.to_str()
+
+
+# Python's whitespace (str.isspace, what str.split() splits on) ends at U+3000
+_LAST_SPACE = 0x3000
+
+
+@functools.cache
+def _is_space() -> np.ndarray:
+    """A table over every code point: True where ``str.split()`` splits."""
+    table = np.zeros(0x110000, dtype=bool)
+    table[[c for c in range(_LAST_SPACE + 1) if chr(c).isspace()]] = True
+    return table
+
+
+def _words_by_one_space(text: str) -> np.ndarray:
+    """The code points of ``" ".join(text.split())``: the words of ``text`` with one space
+    between two, none at either end (what :meth:`BigramBackcopy.from_text` counts), made in
+    array operations instead of Python strings."""
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+    space = _is_space()[points]
+    word = np.flatnonzero(~space)
+    if not len(word):
+        return points[:0]
+    first_space = space & ~np.concatenate(([True], space[:-1]))  # a run's first, not at the start
+    first_space[word[-1]:] = False  # nor after the last word
+    points[space] = ord(" ")
+    return points[~space | first_space]
 
 
 _RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"

@@ -253,7 +253,8 @@ class GatedLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.reset_parameters()
+        if self.embed.weight.device.type != "meta":  # on the meta device there are no values to draw
+            self.reset_parameters()
 
     @classmethod
     def expected_state(cls, cfg: ModelConfig) -> dict[str, torch.Tensor]:
