@@ -253,8 +253,6 @@ def test_plot_extrapolation_single(tmp_path):
         plots.plot_extrapolation(results, tmp_path / "x.png", train_len=0)
 
 
-# --------------------------------------------------------------------------- shared behaviour
-
 def test_plot_loss_vs_cost(tmp_path, figures):
     """The rank sweep's plot: a line of labelled points per family, sorted by cost, on a
     log cost axis; a family of one point is a marker without a line."""
@@ -271,6 +269,8 @@ def test_plot_loss_vs_cost(tmp_path, figures):
     assert legend(ax) == ["hyga-lowrank", "gated"]
     assert lowrank.get_color() == plots.variant_color("hyga-lowrank") != gated.get_color()
 
+
+# --------------------------------------------------------------------------- shared behaviour
 
 
 def test_empty_input_raises_and_writes_nothing(tmp_path):

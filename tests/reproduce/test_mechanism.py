@@ -101,7 +101,7 @@ def test_table_from_text_equals_the_plain_python_count():
 
     rng = random.Random(0)
     alphabet = "abcdeABE  \n\t\r\x0b\x1c\x85\u00a0\u1680\u2003\u2029\u3000é.,"
-    for n in range(40):
+    for _ in range(40):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(30, 200)))
         got = BigramBackcopy.from_text(text, n_chars=6, n_triggers=2)
         chars, table, initial, triggers = _from_text_reference(text, 6, 2)
