@@ -26,11 +26,13 @@ if "GATEDATTN_PEAK_CACHE" not in os.environ:
 os.environ["GATEDATTN_CACHE"] = SHARED_CACHE = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "gatedattn-cache")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 # Under pytest-xdist (scripts/test.sh runs one worker per core) each worker computes on one
 # thread, and so do the processes its tests start, so that they do not fight over the cores.
+# (torch is imported where a test needs it: xdist's controller, which runs no test, never does.)
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
 
@@ -44,6 +46,8 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True)
 def _seed():
+    import torch
+
     torch.manual_seed(0)
 
 
