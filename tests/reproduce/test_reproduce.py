@@ -18,7 +18,9 @@ from test_pretrained_study import _tiny_model_dir
 @pytest.mark.slow
 def test_reproduce_quick_writes_report_plots_and_json(tmp_path, default_cache, capsys, small_study_text, monkeypatch):
     out = tmp_path / "report"
-    shorter = ["--steps", "12", "--set", "text.train.micro_batch=4", "--set", "mechanism.steps=40"]  # every part still trains
+    # every part still trains (part 2 one arm: the three are the real-model study's own tests')
+    shorter = ["--steps", "12", "--set", "text.train.micro_batch=4", "--set", "mechanism.steps=40", "--set",
+               "pretrained.arms=sink"]
     assert main(["reproduce", "--quick", "--with-text", "--dtype", "fp32", "--out", str(out), "-q", *shorter]) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["variants"]) == {"baseline", "gated"}
