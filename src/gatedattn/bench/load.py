@@ -65,8 +65,8 @@ def import_for_load(path: Path) -> None:
     """What either load of ``path`` would import on its clock, imported before it starts, for
     both loaders alike: transformers' auto classes and GGUF loader (ours reads GGUF metadata
     through them too) and the modeling module of the model's architecture, which
-    transformers' load imports the first time it builds the model (2.5 s with the rest for
-    Llama's on a 2-core AMD EPYC)."""
+    transformers' load imports the first time it builds the model (seconds: the time it
+    takes is in ``docs/benchmarks/real-model.md``)."""
     # lazy: heavy (transformers)
     from transformers import AutoModelForCausalLM, modeling_gguf_pytorch_utils  # noqa: F401
 

@@ -339,7 +339,7 @@ class _ConfigFirst(dict):
             self.update({k: v for k, v in parsed.items() if k != "config"})
         if key not in self:  # the parse has no such key either
             raise KeyError(key)
-        return dict.get(self, key)
+        return dict.__getitem__(self, key)
 
     def get(self, key, default=None):
         try:
@@ -354,7 +354,7 @@ def _config_from_header(header: Header):
     (``load_gguf_checkpoint(path)``, which ``AutoTokenizer`` calls to choose the tokenizer's
     class) answers with the dict it would build, made from the header
     (:func:`_hf_config_dict`, with the model's name it keeps), instead of parsing the whole
-    vocabulary again with gguf-py: 4 of the 6 s of building SmolLM2's tokenizer. The rest of
+    vocabulary again with gguf-py (most of a tokenizer's build, for a large vocabulary). The rest of
     its answer is its own parse, made only if asked for (:class:`_ConfigFirst`). A file whose
     dict the header cannot give (an architecture not imported here) is parsed as before, and
     so is any other file or a call for tensors."""
@@ -572,9 +572,8 @@ def tokenizer_cache_dir(header: Header) -> Path:
 
 def cached_tokenizer(header: Header):
     """The tokenizer embedded in ``header``'s file: read from :func:`tokenizer_cache_dir`
-    (0.2 s for SmolLM2's) where an earlier call left it, else built by transformers' GGUF
-    converter (0.9 s for SmolLM2's 49 k tokens, the class chosen from the header's config:
-    :func:`_config_from_header`) and left there. Processes
+    where an earlier call left it, else built by transformers' GGUF converter (its class
+    chosen from the header's config: :func:`_config_from_header`) and left there. Processes
     that need it at once build it once: the others wait for that build and read it
     (:func:`_build_lock`). A cache that cannot be read or written is passed over: the
     tokenizer is then built."""
