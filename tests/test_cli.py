@@ -1,7 +1,9 @@
 """The command line answers --help, --version and a wrong command without importing PyTorch,
-and lists exactly the commands its modules register."""
+imports a command's module outside the cyclic garbage collector, and lists exactly the
+commands its modules register."""
 
 import argparse
+import gc
 import importlib
 import subprocess
 import sys
@@ -25,6 +27,30 @@ print("TORCH" if "torch" in sys.modules else "NO-TORCH", code, file=sys.stderr)
 def test_light_answers_do_not_import_torch(argv, code):
     r = subprocess.run([sys.executable, "-c", _PROBE.format(argv=argv)], capture_output=True, text=True, timeout=60)
     assert r.stderr.strip().splitlines()[-1] == f"NO-TORCH {code}", r.stderr
+
+
+def test_a_commands_module_is_imported_with_the_collector_paused_then_frozen(monkeypatch):
+    paused, frozen = [], []
+    real_import = importlib.import_module
+
+    def watched(name):
+        paused.append(not gc.isenabled())
+        return real_import(name)
+
+    monkeypatch.setattr(cli.importlib, "import_module", watched)
+    monkeypatch.setattr(cli.gc, "freeze", lambda: frozen.append(True))
+    cli.build_parser("variants")
+    assert paused == [True] and frozen == [True] and gc.isenabled()
+    gc.disable()  # a caller that runs with the collector off keeps it off
+    try:
+        cli.build_parser("variants")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: 1 / 0)  # a module that fails to import
+    with pytest.raises(ZeroDivisionError):
+        cli.build_parser("train")
+    assert gc.isenabled() and frozen == [True] * 3
 
 
 def test_version(capsys):

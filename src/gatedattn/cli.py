@@ -10,6 +10,8 @@ PyTorch), and turns user errors into one-line messages.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import importlib
 import sys
 import warnings
@@ -45,6 +47,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+@contextlib.contextmanager
+def _imports_outside_gc():
+    """A command's imports (PyTorch and what it brings: hundreds of thousands of objects that
+    live as long as the process) with the cyclic garbage collector paused, then frozen out of
+    its later scans: otherwise each full collection, while importing and for the rest of the
+    command, walks them all again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``command`` (a key of COMMANDS) only that command's module is imported
     and registered, the others are listed by name and help alone."""
@@ -55,7 +73,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gatedattn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if command in COMMANDS:
-        importlib.import_module(COMMANDS[command][0]).register(sub)
+        with _imports_outside_gc():
+            module = importlib.import_module(COMMANDS[command][0])
+        module.register(sub)
     else:
         for name, (_, help_text) in COMMANDS.items():
             sub.add_parser(name, help=help_text, add_help=False)
