@@ -6,7 +6,6 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -505,17 +504,12 @@ def test_sweep_python_api_with_seeds(data_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------- torchrun
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+def _torchrun(args: list[str], module: str = "gatedattn.cli", timeout: int = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           "-m", "gatedattn.train.cli", *args]
+    # --standalone: the rendezvous binds a port the OS picks (a port found free beforehand can be
+    # taken by another test's processes before torchrun binds it)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", module, *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -531,7 +525,7 @@ def _dist_argv(data_dir, out, *sets):
 
 @pytest.mark.slow
 def test_torchrun_ddp_matches_single_process_accumulation(data_dir, tmp_path):
-    _torchrun(_dist_argv(data_dir, tmp_path / "ddp"))
+    _torchrun(_dist_argv(data_dir, tmp_path / "ddp"), module="gatedattn.train.cli")  # the FSDP test: gatedattn.cli
     single = train(make_cfg(data_dir, tmp_path / "one", variant="hyga-sink", steps=4, grad_accum=2, warmup_steps=1,
                             eval_every=2, eval_batches=2, ckpt_every=2))
     ddp = records(tmp_path / "ddp", "train")
