@@ -11,6 +11,8 @@ import typing
 
 from safetensors import SafetensorError
 
+from gatedattn.infra.fields import field_types
+
 
 class GatedAttnError(Exception):
     """A user-facing error: bad input, bad config, bad file."""
@@ -25,7 +27,7 @@ def check_types(obj) -> None:
     have its declared type (``int``, ``float``, ``bool``, ``str``, or one of them ``| None``);
     an int given for a float field becomes a float. Other field types are left to the
     class's own checks."""
-    hints = typing.get_type_hints(type(obj))
+    hints = field_types(type(obj))
     for f in dataclasses.fields(obj):
         typ, value = hints[f.name], getattr(obj, f.name)
         args = typing.get_args(typ)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.fields import field_types
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -61,7 +62,7 @@ def dataclass_of(typ: Any) -> type | None:
 def settings(cls: type, prefix: tuple[str, ...] = (), path: tuple[str, ...] = (),
              exclude: frozenset[str] = frozenset()) -> list[Setting]:
     """Every settable leaf of the config class ``cls``, in declaration order."""
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     out: list[Setting] = []
     for f in dataclasses.fields(cls):
         meta = f.metadata

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import typing
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.fields import field_types
 from gatedattn.infra.io import atomic_write_json, json_safe, read_json_object
 from gatedattn.infra.provenance import run_meta, say
 from gatedattn.infra.settings import build, check_options, dataclass_of, fields_dict, option
@@ -85,7 +85,7 @@ class ReproduceConfig:
         if isinstance(self.fold, list):
             object.__setattr__(self, "fold", tuple(self.fold))
         for name in PARTS:
-            kind = dataclass_of(typing.get_type_hints(type(self))[name])
+            kind = dataclass_of(field_types(type(self))[name])
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"ReproduceConfig.{name} must be a {kind.__name__} or None, "
@@ -146,7 +146,7 @@ class ReproduceConfig:
         data = dict(data)
         for name in PARTS:
             if isinstance(data.get(name), dict):
-                data[name] = dataclass_of(typing.get_type_hints(cls)[name]).from_dict(data[name])
+                data[name] = dataclass_of(field_types(cls)[name]).from_dict(data[name])
         return build(cls, data)
 
 

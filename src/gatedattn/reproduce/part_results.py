@@ -17,6 +17,7 @@ import typing
 from typing import Any, ClassVar, Mapping, TypeVar
 
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.fields import field_types
 
 R = TypeVar("R", bound="PartResults")
 
@@ -83,7 +84,7 @@ class PartResults:
         missing = [name for name, f in fields.items() if not f.metadata.get(_OPTIONAL) and name not in data]
         if missing:
             raise ConfigError(f"the {cls.PART} part's results miss the key {missing[0]!r}")
-        hints = typing.get_type_hints(cls)
+        hints = field_types(cls)
         for name, value in data.items():
             cls._check(name, value, hints[name], bool(fields[name].metadata.get(_OPTIONAL)))
         return cls(**data)

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.fields import field_types
 from gatedattn.infra.precision import DTYPES
 from gatedattn.infra.settings import build, check_options, dataclass_of, fields_dict, option
 from gatedattn.layers.variants import VARIANTS
@@ -182,7 +182,7 @@ class TextConfig:
     def from_dict(cls, data: dict[str, Any]) -> Any:
         data = dict(data)
         for f in dataclasses.fields(cls):  # the nested configs of the tree
-            sub = dataclass_of(typing.get_type_hints(cls)[f.name])
+            sub = dataclass_of(field_types(cls)[f.name])
             if sub is not None and isinstance(data.get(f.name), dict):
                 data[f.name] = sub.from_dict(data[f.name])
         return build(cls, data)
