@@ -1,5 +1,5 @@
 """The command line answers --help, --version and a wrong command without importing PyTorch,
-imports a command's module outside the cyclic garbage collector, and lists exactly the
+imports a command's module with the cyclic garbage collector paused where the process is its own, and lists exactly the
 commands its modules register."""
 
 import argparse
@@ -29,7 +29,7 @@ def test_light_answers_do_not_import_torch(argv, code):
     assert r.stderr.strip().splitlines()[-1] == f"NO-TORCH {code}", r.stderr
 
 
-def test_a_commands_module_is_imported_with_the_collector_paused_then_frozen(monkeypatch):
+def test_the_command_lines_process_imports_with_the_collector_paused_then_frozen(monkeypatch, capsys):
     paused, frozen = [], []
     real_import = importlib.import_module
 
@@ -39,18 +39,18 @@ def test_a_commands_module_is_imported_with_the_collector_paused_then_frozen(mon
 
     monkeypatch.setattr(cli.importlib, "import_module", watched)
     monkeypatch.setattr(cli.gc, "freeze", lambda: frozen.append(True))
-    cli.build_parser("variants")
+    monkeypatch.setattr(sys, "argv", ["gatedattn", "variants", "--help"])
+    with pytest.raises(SystemExit):
+        cli.main()  # the process is the command line's
     assert paused == [True] and frozen == [True] and gc.isenabled()
-    gc.disable()  # a caller that runs with the collector off keeps it off
-    try:
-        cli.build_parser("variants")
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
+    with pytest.raises(SystemExit):
+        cli.main(["variants", "--help"])  # called from Python code: its collector is left alone
+    assert paused == [True, False] and frozen == [True]
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: 1 / 0)  # a module that fails to import
+    monkeypatch.setattr(sys, "argv", ["gatedattn", "train", "--help"])
     with pytest.raises(ZeroDivisionError):
-        cli.build_parser("train")
-    assert gc.isenabled() and frozen == [True] * 3
+        cli.main()
+    assert gc.isenabled() and frozen == [True, True]
 
 
 def test_version(capsys):

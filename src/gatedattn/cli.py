@@ -48,11 +48,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 @contextlib.contextmanager
-def _imports_outside_gc():
-    """A command's imports (PyTorch and what it brings: hundreds of thousands of objects that
-    live as long as the process) with the cyclic garbage collector paused, then frozen out of
-    its later scans: otherwise each full collection, while importing and for the rest of the
-    command, walks them all again."""
+def _imports_frozen():
+    """For a process that is the command line: its command's imports (PyTorch and what it
+    brings, hundreds of thousands of objects that live as long as the process) with Python's
+    cyclic garbage collector paused, then frozen out of its later scans (``gc.freeze``):
+    otherwise full collections, while importing, during the command and at exit, walk them
+    all again. Code that calls :func:`main` in its own process keeps its collector as it is."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -73,9 +74,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gatedattn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if command in COMMANDS:
-        with _imports_outside_gc():
-            module = importlib.import_module(COMMANDS[command][0])
-        module.register(sub)
+        importlib.import_module(COMMANDS[command][0]).register(sub)
     else:
         for name, (_, help_text) in COMMANDS.items():
             sub.add_parser(name, help=help_text, add_help=False)
@@ -100,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. Expected failures (bad input, bad files, a full or read-only disk,
     an interrupt) end as one line on stderr and a non-zero status; only a bug in
     gatedattn shows a traceback."""
+    own_process = argv is None  # the `gatedattn` command, `python -m gatedattn.cli`, torchrun's workers
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command(argv)
     try:
-        parser = build_parser(command)
+        with _imports_frozen() if own_process else contextlib.nullcontext():
+            parser = build_parser(command)
         args = parser.parse_args(argv)
     except KeyboardInterrupt:
         print("gatedattn: interrupted", file=sys.stderr)
