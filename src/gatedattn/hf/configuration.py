@@ -8,13 +8,13 @@ from ``ModelConfig``'s fields, so a field added there needs no edit here.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Any
 
 from transformers import PreTrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from gatedattn.infra.errors import ConfigError
+from gatedattn.infra.fields import field_types
 from gatedattn.layers.config import AttentionConfig
 from gatedattn.models.lm import MODEL_TYPE, ModelConfig
 from gatedattn.models.standard import HIDDEN_ACTS, check_standard_keys, split_standard_keys
@@ -123,7 +123,7 @@ def _hf_config_namespace() -> dict[str, Any]:
     """Class body of ``GatedAttnHFConfig``: one field per ``ModelConfig`` field (same name
     and default; ``attention`` as its dict; fields without a default default to None),
     plus ``pad_token_id``, ``use_cache`` and transformers' standard names."""
-    hints = typing.get_type_hints(ModelConfig)
+    hints = field_types(ModelConfig)
     annotations: dict[str, Any] = {}
     ns: dict[str, Any] = {
         "__module__": __name__, "__qualname__": "GatedAttnHFConfig",
