@@ -29,14 +29,17 @@ os.environ["GATEDATTN_CACHE"] = SHARED_CACHE = os.path.join(os.environ["TORCHIND
 import pytest  # noqa: E402
 
 # Under pytest-xdist (scripts/test.sh runs one worker per core) each worker computes on one
-# thread, and so do the processes its tests start, so that they do not fight over the cores.
-# (torch is imported where a test needs it: xdist's controller, which runs no test, never does.)
+# thread, and so do the processes its tests start, so that they do not fight over the cores:
+# OpenMP's (torch; numpy's OpenBLAS follows it) and rayon's (the tokenizers: training and
+# encoding the bundled corpus), each read before its library starts its threads. (torch is
+# imported where a test needs it: xdist's controller, which runs no test, never does.)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     gc.disable()  # while collection imports (pytest_collection_finish turns it back on)
+    for threads in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS"):
+        os.environ[threads] = "1"
     import torch
 
     torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_collection_finish(session):

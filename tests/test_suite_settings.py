@@ -1,0 +1,22 @@
+"""The suite's own settings (tests/conftest.py) hold in the processes that run its tests."""
+import gc
+import os
+
+import pytest
+
+
+@pytest.mark.skipif(not os.environ.get("PYTEST_XDIST_WORKER"), reason="a setting of scripts/test.sh's workers")
+def test_a_worker_computes_on_one_thread_in_every_library_and_so_do_its_children():
+    import tokenizers  # noqa: F401  (its rayon pool reads RAYON_NUM_THREADS when it starts)
+    import torch
+    from threadpoolctl import threadpool_info
+
+    assert torch.get_num_threads() == 1
+    pools = {pool["internal_api"]: pool["num_threads"] for pool in threadpool_info()}
+    assert pools.get("openblas") == 1 and pools.get("openmp") == 1, pools
+    assert (os.environ.get("OMP_NUM_THREADS"), os.environ.get("RAYON_NUM_THREADS")) == ("1", "1")
+
+
+@pytest.mark.skipif(not os.environ.get("PYTEST_XDIST_WORKER"), reason="a setting of scripts/test.sh's workers")
+def test_a_worker_runs_its_tests_with_what_collection_imported_frozen():
+    assert gc.isenabled() and gc.get_freeze_count() > 100_000 and gc.get_threshold()[0] == 7000
