@@ -6,8 +6,7 @@ import pytest
 
 
 @pytest.mark.skipif(not os.environ.get("PYTEST_XDIST_WORKER"), reason="a setting of scripts/test.sh's workers")
-def test_a_worker_computes_on_one_thread_in_every_library_and_so_do_its_children():
-    import tokenizers  # noqa: F401  (its rayon pool reads RAYON_NUM_THREADS when it starts)
+def test_a_worker_computes_on_one_thread_in_each_library_it_loads_and_tells_its_children_to():
     import torch
     from threadpoolctl import threadpool_info
 
