@@ -1,6 +1,6 @@
 """The command line answers --help, --version and a wrong command without importing PyTorch,
-imports a command's module with the cyclic garbage collector paused where the process is its own, and lists exactly the
-commands its modules register."""
+imports a command's module with the cyclic garbage collector paused where the process is its
+own, and lists exactly the commands its modules register."""
 
 import argparse
 import gc

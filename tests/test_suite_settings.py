@@ -4,8 +4,9 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.skipif(not os.environ.get("PYTEST_XDIST_WORKER"), reason="settings of scripts/test.sh's workers")
 
-@pytest.mark.skipif(not os.environ.get("PYTEST_XDIST_WORKER"), reason="a setting of scripts/test.sh's workers")
+
 def test_a_worker_computes_on_one_thread_in_each_library_it_loads_and_tells_its_children_to():
     import torch
     from threadpoolctl import threadpool_info
@@ -16,6 +17,5 @@ def test_a_worker_computes_on_one_thread_in_each_library_it_loads_and_tells_its_
     assert (os.environ.get("OMP_NUM_THREADS"), os.environ.get("RAYON_NUM_THREADS")) == ("1", "1")
 
 
-@pytest.mark.skipif(not os.environ.get("PYTEST_XDIST_WORKER"), reason="a setting of scripts/test.sh's workers")
 def test_a_worker_runs_its_tests_with_what_collection_imported_frozen():
     assert gc.isenabled() and gc.get_freeze_count() > 100_000 and gc.get_threshold()[0] == 7000
